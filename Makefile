@@ -1,0 +1,30 @@
+# The whole set-up is `make sweep` and `make test`; every target installs what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build that lies on disk here. GPU users: make install TORCH='torch>=2.3'
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/core.py
+
+lint: install
+	$(VENV)/bin/ruff check schedule_search tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

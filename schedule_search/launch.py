@@ -1,0 +1,55 @@
+"""Run one training config outside Ray: in this process, or as N local gloo processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from schedule_search.train import LocalSession, TrainConfig, TrainResult, train
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_local(config: TrainConfig, run_dir: str | Path, workers: int = 1, source: str = "config") -> TrainResult:
+    """Train `config` with `workers` data-parallel processes; returns rank 0's result.
+
+    Under torchrun (RANK/WORLD_SIZE set) this process is one rank of that group instead.
+    """
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group("gloo")
+        try:
+            return train(config, LocalSession(run_dir, config.checkpoint.keep), source)
+        finally:
+            dist.destroy_process_group()
+    if workers == 1:
+        return train(config, LocalSession(run_dir, config.checkpoint.keep), source)
+    results = mp.get_context("spawn").Manager().dict()
+    mp.spawn(
+        _worker,
+        args=(workers, free_port(), config, str(run_dir), source, results),
+        nprocs=workers,
+        join=True,
+    )
+    return results[0]
+
+
+def _worker(
+    rank: int, world_size: int, port: int, config: TrainConfig, run_dir: str, source: str, results: dict
+) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        result = train(config, LocalSession(run_dir, config.checkpoint.keep), source)
+        if rank == 0:
+            results[0] = result
+    finally:
+        dist.destroy_process_group()
