@@ -42,7 +42,8 @@ class WindowConfig:
     policy: `microbatches` closes after `microbatches` micro-batches (deterministic);
     `tokens` once the window holds `tokens` tokens over all ranks; `seconds` once rank 0's wall
     clock has spent `seconds` in the window (the seed's 5-minute window); `grad_norm` once the
-    accumulated gradient's estimated signal-to-noise ratio reaches `snr`.
+    accumulated gradient's estimated signal-to-noise ratio reaches `snr` (estimated only once
+    `min_microbatches` micro-batches are in: fewer give too noisy an estimate).
     `max_microbatches` caps every policy so a window always ends.
     """
 
@@ -53,6 +54,7 @@ class WindowConfig:
     tokens: PositiveInt = 65536
     seconds: PositiveFloat = 300.0
     snr: PositiveFloat = 1.0
+    min_microbatches: Annotated[int, Field(ge=2)] = 4
     max_microbatches: PositiveInt = 1024
     clip_norm: PositiveFloat | None = 1.0
 
@@ -218,6 +220,8 @@ class WindowAccumulator:
         if cfg.policy == "seconds":
             # Close on the micro-batch expected to reach the window length (rank 0's clock).
             return float(agreed[_ELAPSED] + agreed[_LAST_DT]) >= cfg.seconds
+        if self._ticks <= cfg.min_microbatches:  # statistics so far cover ticks - 1 batches
+            return False
         snr = estimated_snr(agreed)
         return not math.isnan(snr) and snr >= cfg.snr
 

@@ -1,0 +1,149 @@
+"""The trainer: the token clock sets the LR, exact resume after a real SIGKILL, and the tasks
+learn."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import write_config
+from schedule_search import checkpoint as ckpt
+from schedule_search.config import parse
+from schedule_search.launch import run_local
+from schedule_search.tasks import build_task
+from schedule_search.train import TrainConfig
+
+LINREG = {"name": "linreg", "dim": 64, "batch": 16}
+
+
+def config(**sections) -> TrainConfig:
+    base = {"task": LINREG, "budget": {"horizon": 1.0, "eval_at": [0.5]}}
+    base.update(sections)
+    return parse(TrainConfig, base, "test")
+
+
+def window_lrs(run_dir: Path) -> list[float]:
+    lines = (run_dir / "windows.jsonl").read_text().splitlines()
+    return [json.loads(line)["lr"] for line in lines]
+
+
+def test_lr_follows_the_token_clock_not_the_microbatch_count(tmp_path):
+    schedule = {"kind": "poly", "warmup": 0.25, "gamma": 0.5, "alpha": 0.1}
+    window = {"policy": "microbatches", "microbatches": 4}
+    tokens_per_window = 4 * LINREG["batch"]
+    per_window = config(
+        schedule=schedule, window=window,
+        budget={"horizon": 1.0, "eval_at": [], "tokens_per_reference_step": tokens_per_window},
+    )
+    run_local(per_window, tmp_path / "a")
+    lrs = window_lrs(tmp_path / "a")
+
+    task = build_task(LINREG, 0)
+    steps_per_chinchilla = 20 * task.chinchilla_params(None) / tokens_per_window
+    built = per_window.schedule.build(steps_per_chinchilla)
+    peak = per_window.optimizer.lr
+    assert len(lrs) > 10
+    for n, lr in enumerate(lrs):  # after n windows, t = n reference steps (tokens / 64)
+        assert lr == pytest.approx(peak * built(n), rel=1e-12)
+    assert any(lr != pytest.approx(peak * built(4 * n)) for n, lr in enumerate(lrs)), (
+        "counting micro-batches would give these; the test must tell them apart"
+    )
+
+    # The reference step is only the clock's unit: the LR each token sees does not change.
+    per_microbatch = config(schedule=schedule, window=window, budget={"horizon": 1.0, "eval_at": []})
+    run_local(per_microbatch, tmp_path / "b")
+    assert window_lrs(tmp_path / "b") == pytest.approx(lrs, rel=1e-12)
+
+
+def test_linreg_excess_risk_falls(tmp_path):
+    result = run_local(
+        config(budget={"horizon": 4.0, "eval_at": [0.25, 0.5, 1, 2]}, optimizer={"lr": 0.01}),
+        tmp_path,
+    )
+    risks = [row["val_loss"] for row in result.history]
+    assert [row["chinchilla"] for row in result.history] == [0.25, 0.5, 1, 2, 4]
+    assert all(b < a for a, b in zip(risks, risks[1:], strict=False)), risks
+    assert risks[-1] < 0.5 * risks[0]
+
+
+def test_tinylm_beats_unigram_entropy_within_a_quarter_chinchilla(tmp_path):
+    cfg = parse(TrainConfig, {"task": {"name": "tinylm"}, "budget": {"horizon": 0.25, "eval_at": []}}, "t")
+    result = run_local(cfg, tmp_path)
+    entropy = build_task({"name": "tinylm"}, 0).unigram_entropy()
+    final = result.final
+    assert final["chinchilla"] == 0.25
+    assert final["val_loss"] < entropy, (final["val_loss"], entropy)
+    assert set(final) >= {
+        "tokens", "val_loss_raw", "val_loss_ema/0.04", "lr", "grad_norm", "tokens_per_s",
+        "window_s", "microbatches", "wall_s",
+    }
+
+
+def final_state(run_dir: Path) -> dict:
+    found = ckpt.load_latest(run_dir / "checkpoints")
+    assert found is not None
+    return found[1]
+
+
+def assert_states_identical(a: dict, b: dict) -> None:
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for frac, tensors in a["ema"]["averages"].items():
+        for x, y in zip(tensors, b["ema"]["averages"][frac], strict=True):
+            assert torch.equal(x, y), f"ema {frac}"
+    for index, slot in a["optimizer"]["state"].items():
+        for name, value in slot.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][index][name]))
+    losses = [{k: v for k, v in row.items() if k.startswith("val_loss")} for row in a["progress"]["history"]]
+    other = [{k: v for k, v in row.items() if k.startswith("val_loss")} for row in b["progress"]["history"]]
+    assert losses == other
+    assert a["window"] == b["window"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigkill_after_checkpoint_then_resume_is_bit_identical(tmp_path):
+    cfg = {
+        "task": {"name": "linreg", "dim": 512, "batch": 64},
+        "window": {"policy": "microbatches", "microbatches": 3},
+        "budget": {"horizon": 6.0, "eval_at": [1, 2, 4]},
+        "checkpoint": {"every_windows": 5, "keep": 3},
+        "ema": {"fractions": [0.0, 0.04, 0.16], "objective": 0.04},
+    }
+    path = write_config(tmp_path / "run.yaml", cfg)
+    command = [sys.executable, "-m", "schedule_search.cli", "train", str(path), "--workers", "2"]
+
+    subprocess.run([*command, "--run-dir", str(tmp_path / "straight")], check=True, timeout=240)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*command, "--run-dir", str(killed)], start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(ckpt.checkpoint_folders(killed / "checkpoints")) < 2:
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)  # the launcher and both workers
+    process.wait()
+    interrupted = final_state(killed)
+    assert interrupted["progress"]["status"] == "running", "the kill must land mid-run"
+    assert 0 < interrupted["window"]["tokens_seen"]
+
+    subprocess.run([*command, "--run-dir", str(killed)], check=True, timeout=240)
+    resumed, straight = final_state(killed), final_state(tmp_path / "straight")
+    assert resumed["progress"]["status"] == "completed"
+    assert_states_identical(resumed, straight)
+    windows = [json.loads(line)["index"] for line in (killed / "windows.jsonl").read_text().splitlines()]
+    assert windows == list(range(len(windows))), "the window log has no gaps or repeats"
+
+
+def test_resume_of_a_finished_run_reports_the_final_result_again(tmp_path):
+    cfg = config()
+    first = run_local(cfg, tmp_path)
+    again = run_local(cfg, tmp_path)
+    assert again.status == "completed" and again.history == first.history
