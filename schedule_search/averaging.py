@@ -36,7 +36,9 @@ class EmaConfig:
         if len(set(self.fractions)) != len(self.fractions):
             raise ValueError(f"fractions: duplicates in {self.fractions}")
         if self.objective not in self.fractions:
-            raise ValueError(f"objective: {self.objective} is not one of fractions {self.fractions}")
+            raise ValueError(
+                f"objective: {self.objective} is not one of fractions {self.fractions}"
+            )
 
 
 def ema_decay(t0: float, t1: float, frac: float) -> float:
@@ -67,8 +69,9 @@ class EmaBank:
         """Fold the current weights in after an update that brought the clock to t1."""
         t0, self.clock = self.clock, t1
         for frac, average in self.averages.items():
-            torch._foreach_lerp_(average, [p.detach() for p in self.params],
-                                 1.0 - ema_decay(t0, t1, frac))
+            torch._foreach_lerp_(
+                average, [p.detach() for p in self.params], 1.0 - ema_decay(t0, t1, frac)
+            )
 
     def weights(self, frac: float) -> list[torch.Tensor]:
         return [p.detach() for p in self.params] if frac == 0 else self.averages[frac]

@@ -33,14 +33,18 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="schedule-search",
-        description="Search horizon-free LR schedules, EMA and time windows with Ray Tune + Optuna.",
+        description="Search horizon-free LR schedules, EMA and time windows (Ray Tune + Optuna).",
     )
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
     train = verbs.add_parser("train", help="one training run from a config (no search)")
     train.add_argument("config", type=Path, help="training config YAML (see README)")
-    train.add_argument("--workers", type=_positive_int, default=1, help="data-parallel processes (gloo)")
-    train.add_argument("--run-dir", type=Path, default=None, help="default: runs/train-<config name>")
+    train.add_argument(
+        "--workers", type=_positive_int, default=1, help="data-parallel processes (gloo)"
+    )
+    train.add_argument(
+        "--run-dir", type=Path, default=None, help="default: runs/train-<config name>"
+    )
     train.set_defaults(handler=_train)
     return parser
 

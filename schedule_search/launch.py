@@ -18,7 +18,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_local(config: TrainConfig, run_dir: str | Path, workers: int = 1, source: str = "config") -> TrainResult:
+def run_local(
+    config: TrainConfig, run_dir: str | Path, workers: int = 1, source: str = "config"
+) -> TrainResult:
     """Train `config` with `workers` data-parallel processes; returns rank 0's result.
 
     Under torchrun (RANK/WORLD_SIZE set) this process is one rank of that group instead.
@@ -42,7 +44,13 @@ def run_local(config: TrainConfig, run_dir: str | Path, workers: int = 1, source
 
 
 def _worker(
-    rank: int, world_size: int, port: int, config: TrainConfig, run_dir: str, source: str, results: dict
+    rank: int,
+    world_size: int,
+    port: int,
+    config: TrainConfig,
+    run_dir: str,
+    source: str,
+    results: dict,
 ) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size

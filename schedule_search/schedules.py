@@ -122,9 +122,7 @@ class ScheduleConfig:
             if self.horizon is None:
                 raise ValueError(f"horizon: required for a {self.kind} schedule")
             if self.horizon <= self.warmup:
-                raise ValueError(
-                    f"horizon: must exceed warmup ({self.warmup}), got {self.horizon}"
-                )
+                raise ValueError(f"horizon: must exceed warmup ({self.warmup}), got {self.horizon}")
 
     def build(self, steps_per_chinchilla: float) -> Schedule:
         warmup = Warmup(self.warmup * steps_per_chinchilla)

@@ -218,17 +218,24 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
         progress.wall_s = time.monotonic() - started
 
         if not record.stepped:
-            progress.status, progress.reason = "diverged", (
-                f"non-finite loss or gradient at {window.tokens_seen} tokens "
-                f"(loss {record.loss}, grad norm {record.grad_norm})"
+            progress.status, progress.reason = (
+                "diverged",
+                (
+                    f"non-finite loss or gradient at {window.tokens_seen} tokens "
+                    f"(loss {record.loss}, grad norm {record.grad_norm})"
+                ),
             )
             metrics = _diverged_metrics(progress, window, horizon, config)
             progress.history.append(metrics)
-            session.report(metrics, _state(model, optimizer, window, ema, progress, config, session))
+            session.report(
+                metrics, _state(model, optimizer, window, ema, progress, config, session)
+            )
             return TrainResult("diverged", progress.history, progress.reason)
 
         reached = progress.milestone
-        while reached < len(milestones) and window.tokens_seen >= horizon.tokens(milestones[reached]):
+        while reached < len(milestones) and window.tokens_seen >= horizon.tokens(
+            milestones[reached]
+        ):
             reached += 1
         if reached > progress.milestone:
             progress.milestone = reached
@@ -250,10 +257,15 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
             elif progress.milestone == len(milestones):
                 progress.status = "completed"
             progress.history.append(metrics)
-            session.report(metrics, _state(model, optimizer, window, ema, progress, config, session))
+            session.report(
+                metrics, _state(model, optimizer, window, ema, progress, config, session)
+            )
             if progress.status == "diverged":
                 return TrainResult("diverged", progress.history, progress.reason)
-        elif config.checkpoint.every_windows and window.windows % config.checkpoint.every_windows == 0:
+        elif (
+            config.checkpoint.every_windows
+            and window.windows % config.checkpoint.every_windows == 0
+        ):
             session.save(_state(model, optimizer, window, ema, progress, config, session))
     return TrainResult("completed", progress.history)
 
@@ -271,7 +283,9 @@ def _evaluate(
                     task.evaluate(model)
                 )
         objective = config.objective
-        losses["val_loss"] = losses["val_loss_raw" if objective == 0 else f"val_loss_{ema_key(objective)}"]
+        losses["val_loss"] = losses[
+            "val_loss_raw" if objective == 0 else f"val_loss_{ema_key(objective)}"
+        ]
     if session.world_size > 1:
         shared = [losses]
         dist.broadcast_object_list(shared, src=0)
@@ -394,7 +408,9 @@ class LocalSession:
 
     def save(self, state: dict[str, Any]) -> None:
         if self.rank == 0:
-            ckpt.save_state(self.checkpoints / ckpt.folder_name(state["window"]["tokens_seen"]), state)
+            ckpt.save_state(
+                self.checkpoints / ckpt.folder_name(state["window"]["tokens_seen"]), state
+            )
             ckpt.prune(self.checkpoints, self.keep)
         if self.world_size > 1:
             dist.barrier()

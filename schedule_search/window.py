@@ -79,7 +79,9 @@ class WindowRecord:
 
 
 # Slots of the control vector all-reduced (summed) before every micro-batch.
-_TOKENS, _MICROBATCHES, _ELAPSED, _LAST_DT, _SQ_INCREMENTS, _SQ_SUM, _N_SQ, _n_SQ, _N_PREV = range(9)
+_TOKENS, _MICROBATCHES, _ELAPSED, _LAST_DT, _SQ_INCREMENTS, _SQ_SUM, _N_SQ, _n_SQ, _N_PREV = range(
+    9
+)
 _CONTROL_SIZE = 9
 
 
@@ -118,7 +120,9 @@ def _distributed(group: dist.ProcessGroup | None) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def broadcast_parameters(params: Sequence[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
+def broadcast_parameters(
+    params: Sequence[torch.Tensor], group: dist.ProcessGroup | None = None
+) -> None:
     """Make every rank start from rank 0's weights (what DDP's constructor does)."""
     _, world = _distributed(group)
     if world > 1:

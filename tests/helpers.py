@@ -16,7 +16,9 @@ from schedule_search.launch import free_port
 
 def _entry(rank: int, world: int, port: int, fn: Any, args: tuple, results: Any) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     try:
         results[rank] = fn(rank, world, *args)
     except BaseException:

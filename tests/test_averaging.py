@@ -86,5 +86,5 @@ def test_state_dict_round_trip():
 
 
 def test_objective_must_be_a_kept_fraction():
-    with pytest.raises(ConfigError, match="ema.objective"):
+    with pytest.raises(ConfigError, match=r"ema\.objective"):
         parse(EmaConfig, {"fractions": [0.0, 0.1], "objective": 0.04}, "x.yaml", "ema")

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import write_config
+
 from schedule_search.cli import main
 
 BAD_TRAIN_CONFIGS = [
@@ -61,7 +61,8 @@ def test_unparsable_yaml_names_the_line(tmp_path, capsys):
 def test_console_entry_point_exit_code(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "schedule_search.cli", "train", str(tmp_path / "none.yaml")],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "file not found" in result.stderr

@@ -50,7 +50,9 @@ def test_schedule_equals_design_formula_on_grid(kind):
 def test_poly_gamma_family(gamma):
     schedule = Poly(Warmup(W), gamma, 37.0)
     for t in GRID:
-        assert schedule(t) == pytest.approx(reference("poly", t, W, gamma=gamma, alpha=37.0), abs=1e-12)
+        assert schedule(t) == pytest.approx(
+            reference("poly", t, W, gamma=gamma, alpha=37.0), abs=1e-12
+        )
 
 
 def test_warmup_boundaries_are_continuous():

@@ -57,7 +57,11 @@ def test_token_bin_in_nanogpt_layout(tmp_path):
         (lambda p: None, {"data": "{p}/missing"}, "task.data: path not found"),
         (lambda p: (p / "empty").mkdir(), {"data": "{p}/empty"}, "holds no text"),
         (lambda p: (p / "t.txt").write_text("ab"), {"data": "{p}/t.txt"}, "too short"),
-        (lambda p: (p / "odd.bin").write_bytes(b"abc"), {"data": "{p}/odd.bin"}, "not a uint16 token file"),
+        (
+            lambda p: (p / "odd.bin").write_bytes(b"abc"),
+            {"data": "{p}/odd.bin"},
+            "not a uint16 token file",
+        ),
         (
             lambda p: np.array([5, 900], dtype=np.uint16).repeat(100).tofile(p / "v.bin"),
             {"data": "{p}/v.bin", "vocab_size": 256, "context": 4},

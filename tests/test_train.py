@@ -1,6 +1,7 @@
 """The trainer: the token clock sets the LR, exact resume after a real SIGKILL, and the tasks
 learn."""
 
+import itertools
 import json
 import os
 import signal
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import write_config
+
 from schedule_search import checkpoint as ckpt
 from schedule_search.config import parse
 from schedule_search.launch import run_local
@@ -38,7 +39,8 @@ def test_lr_follows_the_token_clock_not_the_microbatch_count(tmp_path):
     window = {"policy": "microbatches", "microbatches": 4}
     tokens_per_window = 4 * LINREG["batch"]
     per_window = config(
-        schedule=schedule, window=window,
+        schedule=schedule,
+        window=window,
         budget={"horizon": 1.0, "eval_at": [], "tokens_per_reference_step": tokens_per_window},
     )
     run_local(per_window, tmp_path / "a")
@@ -56,7 +58,9 @@ def test_lr_follows_the_token_clock_not_the_microbatch_count(tmp_path):
     )
 
     # The reference step is only the clock's unit: the LR each token sees does not change.
-    per_microbatch = config(schedule=schedule, window=window, budget={"horizon": 1.0, "eval_at": []})
+    per_microbatch = config(
+        schedule=schedule, window=window, budget={"horizon": 1.0, "eval_at": []}
+    )
     run_local(per_microbatch, tmp_path / "b")
     assert window_lrs(tmp_path / "b") == pytest.approx(lrs, rel=1e-12)
 
@@ -68,20 +72,29 @@ def test_linreg_excess_risk_falls(tmp_path):
     )
     risks = [row["val_loss"] for row in result.history]
     assert [row["chinchilla"] for row in result.history] == [0.25, 0.5, 1, 2, 4]
-    assert all(b < a for a, b in zip(risks, risks[1:], strict=False)), risks
+    assert all(b < a for a, b in itertools.pairwise(risks)), risks
     assert risks[-1] < 0.5 * risks[0]
 
 
 def test_tinylm_beats_unigram_entropy_within_a_quarter_chinchilla(tmp_path):
-    cfg = parse(TrainConfig, {"task": {"name": "tinylm"}, "budget": {"horizon": 0.25, "eval_at": []}}, "t")
+    cfg = parse(
+        TrainConfig, {"task": {"name": "tinylm"}, "budget": {"horizon": 0.25, "eval_at": []}}, "t"
+    )
     result = run_local(cfg, tmp_path)
     entropy = build_task({"name": "tinylm"}, 0).unigram_entropy()
     final = result.final
     assert final["chinchilla"] == 0.25
     assert final["val_loss"] < entropy, (final["val_loss"], entropy)
     assert set(final) >= {
-        "tokens", "val_loss_raw", "val_loss_ema/0.04", "lr", "grad_norm", "tokens_per_s",
-        "window_s", "microbatches", "wall_s",
+        "tokens",
+        "val_loss_raw",
+        "val_loss_ema/0.04",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "window_s",
+        "microbatches",
+        "wall_s",
     }
 
 
@@ -99,9 +112,17 @@ def assert_states_identical(a: dict, b: dict) -> None:
             assert torch.equal(x, y), f"ema {frac}"
     for index, slot in a["optimizer"]["state"].items():
         for name, value in slot.items():
-            assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][index][name]))
-    losses = [{k: v for k, v in row.items() if k.startswith("val_loss")} for row in a["progress"]["history"]]
-    other = [{k: v for k, v in row.items() if k.startswith("val_loss")} for row in b["progress"]["history"]]
+            assert torch.equal(
+                torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][index][name])
+            )
+    losses = [
+        {k: v for k, v in row.items() if k.startswith("val_loss")}
+        for row in a["progress"]["history"]
+    ]
+    other = [
+        {k: v for k, v in row.items() if k.startswith("val_loss")}
+        for row in b["progress"]["history"]
+    ]
     assert losses == other
     assert a["window"] == b["window"]
 
@@ -132,13 +153,15 @@ def test_sigkill_after_checkpoint_then_resume_is_bit_identical(tmp_path):
     process.wait()
     interrupted = final_state(killed)
     assert interrupted["progress"]["status"] == "running", "the kill must land mid-run"
-    assert 0 < interrupted["window"]["tokens_seen"]
+    assert interrupted["window"]["tokens_seen"] > 0
 
     subprocess.run([*command, "--run-dir", str(killed)], check=True, timeout=240)
     resumed, straight = final_state(killed), final_state(tmp_path / "straight")
     assert resumed["progress"]["status"] == "completed"
     assert_states_identical(resumed, straight)
-    windows = [json.loads(line)["index"] for line in (killed / "windows.jsonl").read_text().splitlines()]
+    windows = [
+        json.loads(line)["index"] for line in (killed / "windows.jsonl").read_text().splitlines()
+    ]
     assert windows == list(range(len(windows))), "the window log has no gaps or repeats"
 
 

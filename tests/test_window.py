@@ -6,8 +6,8 @@ import time
 
 import pytest
 import torch
-
 from helpers import run_ranks
+
 from schedule_search.window import WindowAccumulator, WindowConfig
 
 POLICIES = {
@@ -31,9 +31,9 @@ class RecordingOptimizer(torch.optim.Optimizer):
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
-    ).to(torch.float64)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to(
+        torch.float64
+    )
 
 
 def make_batch(rank: int, tick: int, size: int):
@@ -181,7 +181,9 @@ def test_clipping_after_normalization_matches_torch():
 def test_gradients_are_zeroed_after_close_and_memory_graph_is_freed():
     model = make_model()
     window = WindowAccumulator(
-        list(model.parameters()), torch.optim.SGD(model.parameters(), lr=0.1), WindowConfig(microbatches=2)
+        list(model.parameters()),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        WindowConfig(microbatches=2),
     )
     x, y = make_batch(0, 0, 5)
     for _ in range(2):
@@ -211,7 +213,9 @@ def nan_on_one_rank(rank: int, world: int):
     model = make_model()
     before = [p.detach().clone() for p in model.parameters()]
     window = WindowAccumulator(
-        list(model.parameters()), torch.optim.SGD(model.parameters(), lr=0.1), WindowConfig(microbatches=2)
+        list(model.parameters()),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        WindowConfig(microbatches=2),
     )
     for tick in range(2):
         window.begin_microbatch(3)
@@ -238,7 +242,9 @@ def ticks_to_close(snr: float, signal: bool, seed: int) -> int:
     )
     for tick in range(200):
         last = window.begin_microbatch(8)
-        batch = make_batch(seed, tick, 8) if signal else pure_noise_batch(model, 1000 * seed + tick, 8)
+        batch = (
+            make_batch(seed, tick, 8) if signal else pure_noise_batch(model, 1000 * seed + tick, 8)
+        )
         window.backward(token_sum_loss(model, *batch))
         if last:
             return tick + 1

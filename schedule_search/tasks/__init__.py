@@ -100,7 +100,8 @@ def _import_factory(name: Any, source: str) -> Callable[..., Task]:
 
 
 def seeded_generator(*keys: int) -> torch.Generator:
-    """A torch generator seeded from integer keys (seed, rank, index, ...; all >= 0), stable across runs."""
+    """A torch generator seeded from integer keys (seed, rank, index, ...; all >= 0),
+    stable across runs and machines."""
     import numpy as np
 
     state = np.random.SeedSequence([int(k) for k in keys]).generate_state(2, dtype=np.uint64)

@@ -57,15 +57,15 @@ def stdlib_files() -> list[Path]:
     """The standard library's own .py sources (tests and site-packages left out), sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
-    return sorted(
-        p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts)
-    )
+    return sorted(p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts))
 
 
 def embedded(max_bytes: int) -> Corpus:
     files = stdlib_files()
     if not files:
-        raise ConfigError("task.data: no Python standard-library sources found for the default corpus")
+        raise ConfigError(
+            "task.data: no Python standard-library sources found for the default corpus"
+        )
     train, val = _split(_read_files(files, max_bytes))
     return Corpus(train, val, 256, f"Python {sysconfig.get_python_version()} stdlib sources")
 
@@ -98,7 +98,8 @@ def _tokens(path: Path, source: str) -> np.ndarray:
     size = path.stat().st_size
     if size == 0 or size % 2:
         raise ConfigError(
-            f"{source}.data: {path} is not a uint16 token file (size {size} bytes; expected even, > 0)"
+            f"{source}.data: {path} is not a uint16 token file "
+            f"(size {size} bytes; expected even, > 0)"
         )
     return np.memmap(path, dtype=np.uint16, mode="r")
 
@@ -118,6 +119,8 @@ def _token_corpus(
 
 def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
     """Entropy (nats per token) of the token frequencies: the loss of the best unigram model."""
-    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size).astype(np.float64)
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size).astype(
+        np.float64
+    )
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())

@@ -55,7 +55,9 @@ class Block(torch.nn.Module):
         self.proj = torch.nn.Linear(d_model, d_model)
         self.ln2 = torch.nn.LayerNorm(d_model)
         self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(d_model, 4 * d_model), torch.nn.GELU(), torch.nn.Linear(4 * d_model, d_model)
+            torch.nn.Linear(d_model, 4 * d_model),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * d_model, d_model),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,11 +107,14 @@ class TinyLMTask:
     def __init__(self, config: TinyLMConfig, seed: int, source: str) -> None:
         self.config = config
         self.seed = seed
-        self.corpus = corpus.load(config.data, config.max_bytes, config.vocab_size, f"{source}: task")
+        self.corpus = corpus.load(
+            config.data, config.max_bytes, config.vocab_size, f"{source}: task"
+        )
         shortest = min(len(self.corpus.train), len(self.corpus.val))
         if shortest <= config.context + 1:
             raise ConfigError(
-                f"{source}: task.data: {self.corpus.description} is too short ({shortest} tokens in a "
+                f"{source}: task.data: {self.corpus.description} is too short "
+                f"({shortest} tokens in a "
                 f"split; expected more than context + 1 = {config.context + 1})"
             )
         self.tokens_per_microbatch = config.batch * config.context

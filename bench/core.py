@@ -1,0 +1,132 @@
+"""Training-core benchmark: ratios measured side by side in one run (these machines are noisy).
+
+- loop overhead: the windowed loop (WindowAccumulator + token clock + EMA bank, as train.py
+  runs it) over a bare PyTorch loop doing the same micro-batches with plain accumulation,
+  interleaved A/B rounds, median of the per-round ratios. Goal <= 1.03.
+- memory: peak RSS of a 64-micro-batch window over a 1-micro-batch window, each in a fresh
+  process over the same micro-batches. Goal <= 1.02.
+- tokens/s of the default tinylm on one thread.
+
+Run: `make bench` or `python bench/core.py [--rounds N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from schedule_search.averaging import EmaBank
+from schedule_search.tasks import build_task
+from schedule_search.window import WindowAccumulator, WindowConfig
+
+MICROBATCHES = 32
+WINDOW = 4
+
+
+def setup(seed: int = 0):
+    torch.set_num_threads(1)
+    task = build_task({"name": "tinylm", "max_bytes": 1_000_000}, seed=seed)
+    batches = [task.microbatch(i, 0, 1) for i in range(MICROBATCHES)]
+    return task, batches
+
+
+def bare_loop(task, batches, window: int) -> float:
+    model = task.build_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        (task.loss_sum(model, batch) / (batch.tokens * window)).backward()
+        if (i + 1) % window == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def windowed_loop(task, batches, window: int) -> float:
+    model = task.build_model()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95))
+    accumulator = WindowAccumulator(params, optimizer, WindowConfig(microbatches=window))
+    ema = EmaBank(params, [0.0, 0.04])
+    start = time.perf_counter()
+    for batch in batches:
+        last = accumulator.begin_microbatch(batch.tokens)
+        accumulator.backward(task.loss_sum(model, batch))
+        if last:
+            accumulator.close(lr=1e-3)
+            ema.update(accumulator.tokens_seen / batch.tokens)
+    return time.perf_counter() - start
+
+
+def memory_probe(window: int) -> None:
+    """Child process: run 64 micro-batches in windows of `window`; print peak RSS in KiB."""
+    task, _ = setup()
+    batches = [task.microbatch(i, 0, 1) for i in range(64)]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    windowed_loop(task, batches, window)
+    print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def peak_rss(window: int) -> tuple[int, int]:
+    """(peak RSS before the loop, peak RSS after it) in KiB, from a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-probe", str(window)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    before, after = out.stdout.strip().splitlines()[-1].split()
+    return int(before), int(after)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--memory-probe", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_probe:
+        memory_probe(args.memory_probe)
+        return
+
+    task, batches = setup()
+    windowed_loop(task, batches, WINDOW)  # warm-up both paths
+    bare_loop(task, batches, WINDOW)
+    ratios, bare_times, windowed_times = [], [], []
+    for _ in range(args.rounds):
+        b = bare_loop(task, batches, WINDOW)
+        w = windowed_loop(task, batches, WINDOW)
+        bare_times.append(b)
+        windowed_times.append(w)
+        ratios.append(w / b)
+    tokens = sum(batch.tokens for batch in batches)
+    print(
+        f"tinylm default: {task.chinchilla_params(task.build_model()):,} non-embedding params, "
+        f"{batches[0].tokens} tokens per micro-batch, 1 thread"
+    )
+    print(
+        f"loop overhead (windowed / bare), windows of {WINDOW}, median of {args.rounds} rounds: "
+        f"{statistics.median(ratios):.3f}  (goal <= 1.03; "
+        f"rounds {min(ratios):.3f}..{max(ratios):.3f})"
+    )
+    print(
+        f"tokens/s: windowed {tokens / statistics.median(windowed_times):,.0f}, "
+        f"bare {tokens / statistics.median(bare_times):,.0f}"
+    )
+    (small_before, small), (large_before, large) = peak_rss(1), peak_rss(64)
+    print(
+        f"peak RSS, 64-micro-batch window / 1-micro-batch window: {large / small:.3f} "
+        f"({large / 1024:.0f} MiB / {small / 1024:.0f} MiB; goal <= 1.02); growth during "
+        f"the loop: {(large - large_before) / 1024:.1f} MiB "
+        f"vs {(small - small_before) / 1024:.1f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()
