@@ -6,7 +6,12 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench lint clean
+.PHONY: install test bench lint clean sweep resume status export
+
+# The embedded default sweep: tinylm on Python's stdlib sources, local Ray, 2 workers a trial.
+NAME ?= default
+SPACE ?= search_spaces/default.yaml
+CLI := $(VENV)/bin/schedule-search
 
 install: $(STAMP)
 
@@ -19,6 +24,18 @@ $(STAMP): pyproject.toml Makefile
 
 test: install
 	$(PY) -m pytest -q
+
+sweep: install
+	$(CLI) sweep $(SPACE) --name $(NAME)
+
+resume: install
+	$(CLI) resume $(NAME)
+
+status: install
+	$(CLI) status $(NAME)
+
+export: install
+	$(CLI) export $(NAME)
 
 bench: install
 	$(PY) bench/core.py

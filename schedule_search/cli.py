@@ -30,6 +30,38 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _name(text: str) -> str:
+    if not text or not all(c.isalnum() or c in "-_." for c in text) or text.startswith("."):
+        raise argparse.ArgumentTypeError(f"expected letters, digits, '-', '_' or '.', got {text!r}")
+    return text
+
+
+def _add_storage(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--storage", type=Path, default=None, help="experiments folder (default: runs/)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="schedule-search",
@@ -46,7 +78,197 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir", type=Path, default=None, help="default: runs/train-<config name>"
     )
     train.set_defaults(handler=_train)
+
+    sweep = verbs.add_parser(
+        "sweep", help="search a space with Ray Tune + Optuna over Ray Train trials"
+    )
+    sweep.add_argument("space", type=Path, help="search space YAML (see search_spaces/)")
+    sweep.add_argument(
+        "--name", type=_name, default=None, help="experiment name (default: the space's)"
+    )
+    sweep.add_argument(
+        "--samples", type=_positive_int, default=None, help="trials (default: the space's)"
+    )
+    sweep.add_argument(
+        "--workers", type=_positive_int, default=2, help="Ray Train workers per trial"
+    )
+    sweep.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=None,
+        help="trials at once (default: CPUs // (workers x CPUs per worker))",
+    )
+    sweep.add_argument(
+        "--horizon",
+        type=_positive_float,
+        default=None,
+        help="objective horizon in Chinchilla multiples (default: the space's)",
+    )
+    sweep.add_argument("--seed", type=int, default=None, help="TPE seed (default: the space's)")
+    sweep.add_argument("--address", default=None, help="an existing Ray cluster (or RAY_ADDRESS)")
+    sweep.add_argument(
+        "--gpus-per-worker",
+        type=_non_negative_float,
+        default=0.0,
+        help="GPUs per worker (NCCL, bf16 autocast); 0 = CPU and gloo",
+    )
+    _add_storage(sweep)
+    sweep.set_defaults(handler=_sweep)
+
+    for verb, handler, text in (
+        ("resume", _resume, "continue a killed or stopped sweep"),
+        ("status", _status, "a table of the sweep's trials"),
+        ("export", _export, "write the best trial's config as a recipe"),
+    ):
+        sub = verbs.add_parser(verb, help=text)
+        sub.add_argument("name", type=_name, help="experiment name (a folder under --storage)")
+        _add_storage(sub)
+        if verb == "export":
+            sub.add_argument(
+                "-o",
+                "--output",
+                type=Path,
+                default=None,
+                help="recipe file (default: runs/<name>/recipe.yaml)",
+            )
+        sub.set_defaults(handler=handler)
     return parser
+
+
+def _prepare_space(args: argparse.Namespace) -> tuple[dict, str]:
+    """The space with the command line's overrides applied, validated; nothing written yet."""
+    import tempfile
+
+    import yaml
+
+    from schedule_search.config import load_yaml
+    from schedule_search.space import load_space
+
+    data = load_yaml(args.space)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{args.space}: expected a mapping of keys, got {type(data).__name__}")
+    if args.samples is not None:
+        data["samples"] = args.samples
+    if args.seed is not None:
+        data["seed"] = args.seed
+    if args.horizon is not None:
+        budget = data.setdefault("base", {}).setdefault("budget", {})
+        if isinstance(budget, dict):
+            budget["horizon"] = args.horizon
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / args.space.name
+        copy.write_text(yaml.safe_dump(data, sort_keys=False))
+        try:
+            space = load_space(copy)
+        except ConfigError as err:
+            raise ConfigError(str(err).replace(str(copy), str(args.space))) from None
+    return data, space.name
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    import os
+
+    import yaml
+
+    from schedule_search.experiment import Experiment, SweepSettings
+
+    data, space_name = _prepare_space(args)
+    name = args.name or space_name
+    experiment = Experiment.named(name, args.storage)
+    if (experiment.root / "sweep.json").exists():
+        raise ConfigError(
+            f"{experiment.root}: experiment exists; `schedule-search resume {name}` continues it"
+        )
+    cpus = os.cpu_count() or 1
+    concurrency = args.concurrency or max(1, int(cpus // args.workers))
+    experiment.root.mkdir(parents=True, exist_ok=True)
+    space_copy = experiment.root / "space.yaml"
+    space_copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    settings = SweepSettings(
+        name=name,
+        space_path=str(space_copy),
+        samples=int(data.get("samples", 8)),
+        workers=args.workers,
+        concurrency=concurrency,
+        seed=int(data.get("seed", 0)),
+        gpus_per_worker=args.gpus_per_worker,
+        address=args.address or os.environ.get("RAY_ADDRESS"),
+    )
+    experiment.save_settings(settings)
+    return _run(settings, args.storage, resume=False)
+
+
+def _run(settings, storage: Path | None, resume: bool) -> int:
+    from schedule_search.search import sweep
+
+    experiment = sweep(settings, storage, resume=resume)
+    _print_table(experiment)
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from schedule_search.experiment import Experiment
+
+    settings = Experiment.named(args.name, args.storage).settings()
+    return _run(settings, args.storage, resume=True)
+
+
+def _horizon(experiment) -> float:
+    from schedule_search.space import load_space, trial_config
+
+    return trial_config(load_space(experiment.root / "space.yaml"), {}).budget.horizon
+
+
+def _print_table(experiment) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    horizon = _horizon(experiment)
+    rows = experiment.write_table(horizon)
+    best = experiment.best(horizon)
+    table = Table(title=f"{experiment.root.name}: {len(rows)} trials (objective at {horizon:g}x)")
+    params = sorted({k for r in rows for k in r.params})
+    for column in ["trial", "state", "reached", "val_loss", "best", *params]:
+        table.add_column(column)
+    for r in sorted(rows, key=lambda r: (r.state != "completed", r.val_loss)):
+        mark = " *" if best is not None and r.trial_id == best.trial_id else ""
+        table.add_row(
+            r.trial_id + mark,
+            r.state,
+            f"{r.chinchilla:g}x",
+            f"{r.val_loss:.4f}",
+            f"{r.best_val_loss:.4f}",
+            *[
+                f"{r.params.get(p, ''):.4g}"
+                if isinstance(r.params.get(p), float)
+                else str(r.params.get(p, ""))
+                for p in params
+            ],
+        )
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    print(f"table: {experiment.root / 'trials.csv'}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from schedule_search.experiment import Experiment
+
+    experiment = Experiment.named(args.name, args.storage)
+    experiment.settings()  # a clear error when there is no such sweep
+    _print_table(experiment)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from schedule_search.experiment import Experiment
+
+    experiment = Experiment.named(args.name, args.storage)
+    experiment.settings()
+    output = args.output or experiment.root / "recipe.yaml"
+    best, _ = experiment.export(output, _horizon(experiment))
+    print(
+        f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x -> {output}"
+    )
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:

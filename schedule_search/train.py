@@ -245,6 +245,8 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
                 "milestone": reached,
                 "windows": window.windows,
                 "lr": lr,
+                "n_params": horizon.n_params,
+                "tokens_per_reference_step": horizon.tokens_per_reference_step,
                 **stats.summary(),
                 **_evaluate(task, model, ema, config.ema, session),
             }

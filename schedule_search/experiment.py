@@ -1,0 +1,203 @@
+"""The experiment folder `runs/<name>/` and the durable per-trial records in it.
+
+    runs/<name>/
+      space.yaml         the search space, as given
+      sweep.json         how the sweep was launched (what `resume` needs)
+      tune/              Ray Tune's own experiment state
+      train/             Ray Train runs: one per trial, holding its checkpoints
+      trials/<id>/       config.json, metrics.json (every evaluation), windows.jsonl,
+                         result.json (written by the sweep driver when the trial ends)
+      trials.csv/.json   one row per trial: config, state, milestone, best loss
+      recipe.yaml        the exported best config (`export`)
+
+Everything here is read without Ray, so `status` and `export` work while a sweep runs or
+after it died.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schedule_search.checkpoint import atomic_write_text
+from schedule_search.config import ConfigError, parse
+from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, write_recipe
+from schedule_search.train import TrainConfig
+
+RUNS = Path("runs")
+
+
+@dataclass
+class SweepSettings:
+    """How a sweep was launched; saved in sweep.json so `resume` launches it the same way."""
+
+    name: str
+    space_path: str
+    samples: int
+    workers: int
+    concurrency: int
+    seed: int
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: float = 1.0
+    address: str | None = None
+    max_failures: int = 2
+
+
+@dataclass
+class TrialRow:
+    trial_id: str
+    state: str
+    params: dict[str, Any] = field(default_factory=dict)
+    chinchilla: float = 0.0
+    tokens: int = 0
+    val_loss: float = math.nan
+    best_val_loss: float = math.nan
+    wall_s: float = 0.0
+    trial_s: float = math.nan
+    reason: str = ""
+
+
+class Experiment:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+
+    @classmethod
+    def named(cls, name: str, storage: str | Path | None = None) -> Experiment:
+        return cls(Path(storage or RUNS) / name)
+
+    # -- layout ----------------------------------------------------------------------------
+    @property
+    def tune_dir(self) -> Path:
+        return self.root / "tune"
+
+    @property
+    def train_dir(self) -> Path:
+        return self.root / "train"
+
+    def trial_dir(self, trial_id: str) -> Path:
+        return self.root / "trials" / trial_id
+
+    # -- settings --------------------------------------------------------------------------
+    def save_settings(self, settings: SweepSettings) -> None:
+        atomic_write_text(self.root / "sweep.json", json.dumps(asdict(settings), indent=1))
+
+    def settings(self) -> SweepSettings:
+        path = self.root / "sweep.json"
+        if not path.is_file():
+            raise ConfigError(f"{self.root}: no sweep here (sweep.json not found)")
+        try:
+            return SweepSettings(**json.loads(path.read_text()))
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{path}: unreadable sweep settings ({err})") from None
+
+    # -- per-trial records -----------------------------------------------------------------
+    def write_trial_json(self, trial_id: str, name: str, data: Any) -> None:
+        atomic_write_text(self.trial_dir(trial_id) / name, json.dumps(data, indent=1))
+
+    def read_trial_json(self, trial_id: str, name: str) -> Any:
+        path = self.trial_dir(trial_id) / name
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def trial_ids(self) -> list[str]:
+        folder = self.root / "trials"
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if (p / "config.json").is_file())
+
+    def rows(self, horizon: float) -> list[TrialRow]:
+        rows = []
+        for trial_id in self.trial_ids():
+            config = self.read_trial_json(trial_id, "config.json") or {}
+            history = self.read_trial_json(trial_id, "metrics.json") or []
+            result = self.read_trial_json(trial_id, "result.json") or {}
+            row = TrialRow(trial_id, result.get("state", "running" if history else "pending"))
+            row.params = config.get("params", {})
+            row.reason = result.get("reason", "")
+            row.trial_s = result.get("trial_s", math.nan)
+            if history:
+                last = history[-1]
+                row.chinchilla = last.get("chinchilla", 0.0)
+                row.tokens = last.get("tokens", 0)
+                row.val_loss = last.get("val_loss", math.nan)
+                row.wall_s = last.get("wall_s", 0.0)
+                finite = [
+                    h["val_loss"] for h in history if math.isfinite(h.get("val_loss", math.nan))
+                ]
+                row.best_val_loss = min(finite) if finite else math.nan
+            rows.append(row)
+        return rows
+
+    def best(self, horizon: float) -> TrialRow | None:
+        """The trial with the lowest objective among those that reached the horizon."""
+        finished = [
+            r
+            for r in self.rows(horizon)
+            if r.state == "completed" and r.chinchilla >= horizon and math.isfinite(r.val_loss)
+        ]
+        return min(finished, key=lambda r: r.val_loss) if finished else None
+
+    def export(self, output: Path, horizon: float) -> tuple[TrialRow, RecipeSpec]:
+        """Write the best trial's config as a recipe file (atomically)."""
+        best = self.best(horizon)
+        if best is None:
+            raise ConfigError(f"{self.root}: no trial has reached the {horizon:g}x horizon yet")
+        config = parse(
+            TrainConfig, self.read_trial_json(best.trial_id, "config.json")["config"], "trial"
+        )
+        last = self.read_trial_json(best.trial_id, "metrics.json")[-1]
+        spec = RecipeSpec(
+            format=RECIPE_FORMAT,
+            optimizer=config.optimizer,
+            schedule=config.schedule,
+            ema=config.ema,
+            window=config.window,
+            n_params=int(last["n_params"]),
+            tokens_per_param=config.budget.tokens_per_param,
+            tokens_per_reference_step=float(last["tokens_per_reference_step"]),
+            objective={"metric": "val_loss", "value": best.val_loss, "horizon": horizon},
+            source={
+                "experiment": self.root.name,
+                "path": str(self.root),
+                "trial_id": best.trial_id,
+                "task": config.task,
+                "params": best.params,
+            },
+        )
+        write_recipe(output, spec)
+        return best, spec
+
+    def write_table(self, horizon: float) -> list[TrialRow]:
+        rows = self.rows(horizon)
+        params = sorted({k for r in rows for k in r.params})
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        columns = [
+            "trial_id",
+            "state",
+            "chinchilla",
+            "tokens",
+            "val_loss",
+            "best_val_loss",
+            "wall_s",
+            "trial_s",
+        ]
+        writer.writerow(columns + params + ["reason"])
+        for r in rows:
+            writer.writerow(
+                [getattr(r, c) for c in columns]
+                + [r.params.get(p, "") for p in params]
+                + [r.reason]
+            )
+        atomic_write_text(self.root / "trials.csv", buffer.getvalue())
+        atomic_write_text(
+            self.root / "trials.json", json.dumps([asdict(r) for r in rows], indent=1)
+        )
+        return rows

@@ -1,0 +1,65 @@
+"""The trainer's edge to Ray Train: rank, reports and checkpoints inside a TorchTrainer worker.
+
+`ray.train.report` is a barrier: every rank calls it at every evaluation point; only rank 0
+passes a checkpoint. Rank 0 also mirrors the evaluation history into the trial's folder, so
+`status` can read it without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray.train
+
+from schedule_search import checkpoint as ckpt
+from schedule_search.config import parse
+from schedule_search.train import TrainConfig, train
+
+
+class RaySession:
+    def __init__(self, log_dir: Path) -> None:
+        context = ray.train.get_context()
+        self.rank = context.get_world_rank()
+        self.world_size = context.get_world_size()
+        self.log_dir = log_dir
+        self._last_metrics: dict[str, Any] | None = None
+
+    def latest_state(self) -> dict[str, Any] | None:
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return None
+        with checkpoint.as_directory() as folder:
+            return ckpt.load_state(Path(folder))
+
+    def report(self, metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
+        self._last_metrics = metrics
+        if self.rank != 0 or state is None:
+            ray.train.report(metrics)
+            return
+        history = state["progress"]["history"]
+        ckpt.atomic_write_text(self.log_dir / "metrics.json", json.dumps(history, indent=1))
+        with tempfile.TemporaryDirectory() as scratch:
+            folder = Path(scratch) / "checkpoint"
+            ckpt.save_state(folder, state)
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(str(folder)),
+                checkpoint_dir_name=ckpt.folder_name(state["window"]["tokens_seen"]),
+            )
+
+    def save(self, state: dict[str, Any]) -> None:
+        """A checkpoint between evaluations, reported with the last evaluation's metrics
+        (Tune needs the objective in every result; before the first there is none to give)."""
+        if self._last_metrics is not None:
+            self.report(self._last_metrics, state)
+
+
+def worker_loop(loop_config: dict[str, Any]) -> None:
+    """What each Ray Train worker runs."""
+    config = parse(TrainConfig, loop_config["config"], loop_config["source"])
+    log_dir = Path(loop_config["log_dir"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    train(config, RaySession(log_dir), loop_config["source"])

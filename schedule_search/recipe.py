@@ -1,0 +1,123 @@
+"""The exported recipe: what a sweep found, for a plain torch training loop (no Ray needed).
+
+    from schedule_search.recipe import load_recipe
+    recipe = load_recipe("recipe.yaml")
+    optimizer = recipe.optimizer(model.parameters())   # AdamW at the recipe's peak LR
+    recipe.lr_multiplier(t)                            # t in reference steps -> float
+    ema = recipe.ema(model)                            # EMA bank with the recipe's fraction(s)
+    window = recipe.window(model)                      # accumulator with the recipe's policy
+
+`recipe.clock(tokens)` turns tokens seen into t. The schedule is kept in Chinchilla multiples,
+so `load_recipe(path, n_params=...)` carries it over to another model size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import yaml
+from pydantic import Field
+
+from schedule_search.averaging import EmaBank, EmaConfig
+from schedule_search.checkpoint import atomic_write_text
+from schedule_search.clock import Horizon
+from schedule_search.config import STRICT, ConfigError, load_yaml, parse, to_dict
+from schedule_search.schedules import ScheduleConfig
+from schedule_search.train import OptimizerConfig
+from schedule_search.window import WindowAccumulator, WindowConfig
+
+RECIPE_FORMAT = 1
+
+
+@dataclass
+class RecipeSpec:
+    """The recipe file's contents. `objective` and `source` say where it came from."""
+
+    __pydantic_config__ = STRICT
+
+    format: Annotated[int, Field(ge=RECIPE_FORMAT, le=RECIPE_FORMAT)]
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    ema: EmaConfig
+    window: WindowConfig
+    n_params: Annotated[int, Field(gt=0)]
+    tokens_per_param: Annotated[float, Field(gt=0)]
+    tokens_per_reference_step: Annotated[float, Field(gt=0)]
+    objective: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+
+
+class Recipe:
+    """Builds the optimizer, LR multiplier, EMA bank and window accumulator of a recipe."""
+
+    def __init__(self, spec: RecipeSpec) -> None:
+        self.spec = spec
+        self.horizon = Horizon(spec.n_params, spec.tokens_per_param, spec.tokens_per_reference_step)
+        self.schedule = spec.schedule.build(self.horizon.steps_per_chinchilla)
+        self._optimizers: list[torch.optim.Optimizer] = []
+
+    @property
+    def peak_lr(self) -> float:
+        return self.spec.optimizer.lr
+
+    @property
+    def ema_fraction(self) -> float:
+        """The EMA fraction whose loss the sweep optimized: evaluate with this one."""
+        return self.spec.ema.objective
+
+    def clock(self, tokens: float) -> float:
+        """t, in reference steps, after `tokens` tokens."""
+        return self.horizon.steps(tokens)
+
+    def lr_multiplier(self, t: float) -> float:
+        return self.schedule(t)
+
+    def optimizer(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+        built = self.spec.optimizer.build(list(params))
+        self._optimizers.append(built)
+        return built
+
+    def ema(self, model: torch.nn.Module) -> EmaBank:
+        return EmaBank(list(model.parameters()), self.spec.ema.fractions)
+
+    def window(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+    ) -> WindowAccumulator:
+        """The accumulator for `model`. It steps `optimizer`, by default the one this recipe
+        built for the model's parameters (call `recipe.optimizer(...)` first)."""
+        params = list(model.parameters())
+        if optimizer is None:
+            owned = {id(p) for p in params}
+            matches = [
+                o
+                for o in self._optimizers
+                if {id(p) for g in o.param_groups for p in g["params"]} == owned
+            ]
+            if not matches:
+                raise ValueError(
+                    "no optimizer for this model: call recipe.optimizer(model.parameters()) "
+                    "first, or pass optimizer="
+                )
+            optimizer = matches[-1]
+        return WindowAccumulator(params, optimizer, self.spec.window)
+
+
+def load_recipe(path: str | Path, n_params: int | None = None) -> Recipe:
+    """Load a recipe file; `n_params` rescales its Chinchilla-relative schedule to your model."""
+    spec = parse(RecipeSpec, load_yaml(path), str(path))
+    if n_params is not None:
+        if n_params <= 0:
+            raise ConfigError(f"n_params: expected a positive parameter count, got {n_params}")
+        spec = replace(spec, n_params=n_params)
+    return Recipe(spec)
+
+
+def write_recipe(path: str | Path, spec: RecipeSpec) -> None:
+    """Write a recipe atomically (a reader never sees half a file)."""
+    data = to_dict(spec)
+    text = "# schedule-search recipe: load with schedule_search.recipe.load_recipe\n"
+    atomic_write_text(Path(path), text + yaml.safe_dump(data, sort_keys=False))

@@ -1,0 +1,242 @@
+"""The sweep: Ray Tune + OptunaSearch (TPE, seeded) + ASHA over Ray Train trials; resume.
+
+One Tune trial is a small driver function that builds a `TorchTrainer` running the core
+trainer on W workers (RAY_NOTES: Train V2 inside Tune). ASHA's clock is the Chinchilla multiple
+the trial has reached (`chinchilla`), which keeps rising across a resumed trial, unlike
+`training_iteration`. Trials reserve a `trial_slot` resource, so no more trials start than
+there are CPUs for their workers, and no trial waits forever for workers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from schedule_search.config import to_dict
+from schedule_search.experiment import Experiment, SweepSettings
+from schedule_search.space import SearchSpace, load_space, trial_config, uses_asha
+
+# Quieter Ray, and a Tune snapshot every second so a killed driver forgets as little as possible.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+import optuna
+import ray
+import ray.train
+from ray import tune
+from ray.train.torch import TorchConfig, TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search.optuna import OptunaSearch
+
+from schedule_search.ray_session import worker_loop
+
+METRIC = "val_loss"
+
+
+def run_trial(
+    params: dict[str, Any], settings: SweepSettings, space: SearchSpace, root: str
+) -> None:
+    """The Tune trainable: one trial = one Ray Train run of the core trainer."""
+    experiment = Experiment(root)
+    trial_id = tune.get_context().get_trial_id()
+    config = trial_config(space, params, f"{settings.space_path} (trial {trial_id})")
+    experiment.write_trial_json(
+        trial_id, "config.json", {"params": params, "config": to_dict(config)}
+    )
+    use_gpu = settings.gpus_per_worker > 0
+    resources = {"CPU": settings.cpus_per_worker}
+    if use_gpu:
+        resources["GPU"] = settings.gpus_per_worker
+    trainer = TorchTrainer(
+        worker_loop,
+        train_loop_config={
+            "config": to_dict(config),
+            "log_dir": str(experiment.trial_dir(trial_id)),
+            "source": f"trial {trial_id}",
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=settings.workers, use_gpu=use_gpu, resources_per_worker=resources
+        ),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=ray.train.RunConfig(
+            name=f"trial-{trial_id}",
+            storage_path=str(experiment.train_dir),
+            callbacks=[TuneReportCallback()],
+            failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.checkpoint.keep),
+        ),
+    )
+    trainer.fit()
+
+
+class TrialRecorder(tune.Callback):
+    """Writes each trial's end (completed, stopped early, diverged, error) into its folder, as
+    soon as it happens: a durable record that does not wait for Tune's next snapshot."""
+
+    def __init__(self, experiment: Experiment, horizon: float, progress: Progress) -> None:
+        self.experiment = experiment
+        self.horizon = horizon
+        self.progress = progress
+        self.started: dict[str, float] = {}
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started[trial.trial_id] = time.monotonic()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.progress.result(trial.trial_id, result)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        result = trial.last_result or {}
+        if result.get("status") == "diverged":
+            state, reason = "diverged", result.get("reason", "")
+        elif result.get("chinchilla", 0) >= self.horizon:
+            state, reason = "completed", ""
+        else:
+            state, reason = "stopped", "stopped early by ASHA"
+        self._record(trial.trial_id, state, reason, result)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._record(
+            trial.trial_id, "error", str(trial.error_file or "error"), trial.last_result or {}
+        )
+
+    def _record(self, trial_id: str, state: str, reason: str, result: dict) -> None:
+        started = self.started.pop(trial_id, None)
+        record = {"state": state, "reason": reason, "val_loss": result.get(METRIC)}
+        if started is not None:  # seconds this driver saw the trial run (this attempt)
+            record["trial_s"] = time.monotonic() - started
+        self.experiment.write_trial_json(trial_id, "result.json", record)
+        self.progress.finished(trial_id, state, result)
+
+
+class Progress:
+    """One readable line per event; Tune's own tables are turned off."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+        self.done = 0
+        self.best = math.inf
+
+    def result(self, trial_id: str, result: dict) -> None:
+        loss = result.get(METRIC, math.nan)
+        if math.isfinite(loss):
+            self.best = min(self.best, loss)
+        print(
+            f"  trial {trial_id}: {result.get('chinchilla', 0):g}x  val_loss {loss:.4f}  "
+            f"{result.get('tokens_per_s', 0):,.0f} tok/s  (best so far {self.best:.4f})",
+            flush=True,
+        )
+
+    def finished(self, trial_id: str, state: str, result: dict) -> None:
+        self.done += 1
+        print(f"trial {trial_id} {state} [{self.done}/{self.samples} finished]", flush=True)
+
+
+def _searcher(space: SearchSpace) -> OptunaSearch:
+    distributions: dict[str, optuna.distributions.BaseDistribution] = {}
+    for key, p in space.params.items():
+        if p.type == "choice":
+            distributions[key] = optuna.distributions.CategoricalDistribution(p.values)
+        elif p.type == "int":
+            distributions[key] = optuna.distributions.IntDistribution(
+                int(p.low), int(p.high), log=p.log
+            )
+        else:
+            distributions[key] = optuna.distributions.FloatDistribution(
+                p.low, p.high, log=p.log or p.type == "loguniform"
+            )
+    return OptunaSearch(
+        space=distributions,
+        metric=METRIC,
+        mode="min",
+        points_to_evaluate=space.points_to_evaluate or None,
+        sampler=optuna.samplers.TPESampler(seed=space.seed),
+    )
+
+
+def _scheduler(space: SearchSpace, horizon: float, milestones: list[float]):
+    if not uses_asha(space):
+        return FIFOScheduler()
+    grace = 1.0 if 1.0 in milestones else milestones[0]
+    return ASHAScheduler(
+        time_attr="chinchilla",
+        metric=METRIC,
+        mode="min",
+        max_t=horizon,
+        grace_period=grace,
+        reduction_factor=2,
+    )
+
+
+def _init_ray(settings: SweepSettings) -> None:
+    if settings.address:
+        ray.init(address=settings.address, logging_level="WARNING", log_to_driver=False)
+    else:
+        ray.init(
+            num_cpus=os.cpu_count(),
+            resources={"trial_slot": settings.concurrency},
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
+
+
+def sweep(
+    settings: SweepSettings, storage: str | Path | None = None, resume: bool = False
+) -> Experiment:
+    """Run (or resume) a sweep; returns its experiment folder."""
+    experiment = Experiment.named(settings.name, storage)
+    space = load_space(experiment.root / "space.yaml" if resume else settings.space_path)
+    if not resume:
+        experiment.root.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(settings.space_path, experiment.root / "space.yaml")
+        experiment.save_settings(settings)
+    base = trial_config(space, {})
+    horizon = base.budget.horizon
+    progress = Progress(settings.samples)
+    driver = tune.with_parameters(
+        run_trial, settings=settings, space=space, root=str(experiment.root)
+    )
+    slot = {"cpu": 0, "trial_slot": 1} if not settings.address else {"cpu": 0.01}
+    driver = tune.with_resources(driver, slot)
+    _init_ray(settings)
+    try:
+        run_config = tune.RunConfig(
+            name=experiment.tune_dir.name,
+            storage_path=str(experiment.root),
+            failure_config=tune.FailureConfig(max_failures=settings.max_failures),
+            callbacks=[TrialRecorder(experiment, horizon, progress)],
+            verbose=0,
+        )
+        if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
+            tuner = tune.Tuner.restore(
+                str(experiment.tune_dir),
+                trainable=driver,
+                resume_unfinished=True,
+                resume_errored=True,
+            )
+        else:
+            tuner = tune.Tuner(
+                driver,
+                tune_config=tune.TuneConfig(
+                    search_alg=_searcher(space),
+                    scheduler=_scheduler(space, horizon, base.budget.milestones()),
+                    num_samples=settings.samples,
+                    max_concurrent_trials=settings.concurrency,
+                ),
+                run_config=run_config,
+            )
+        tuner.fit()
+    finally:
+        ray.shutdown()
+    experiment.write_table(horizon)
+    return experiment

@@ -1,0 +1,152 @@
+"""Search spaces: YAML files that fix part of a training config and search the rest.
+
+    name: default
+    samples: 8                    # trials
+    seed: 0                       # TPE seed
+    scheduler: auto               # auto | asha | fifo (auto: ASHA for horizon-free schedules)
+    base: {...}                   # a training config (see TrainConfig); what is not searched
+    params:                       # dotted TrainConfig keys -> distributions
+      optimizer.lr: {type: loguniform, low: 1.0e-3, high: 3.0e-2}
+      schedule.gamma: {type: uniform, low: 0.0, high: 1.0}
+      window.microbatches: {type: int, low: 1, high: 8}
+      schedule.kind: {type: choice, values: [constant, poly]}
+    points_to_evaluate: [{optimizer.lr: 3.0e-3}]
+
+A space is validated completely before anything starts: besides its own keys and types, the
+training config is built at both ends of every range and with every choice, so a range that
+leaves a key's valid values is reported with the file and the key. Searching `ema.objective`
+adds the sampled fraction to the EMA bank.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from schedule_search.config import STRICT, ConfigError, load_yaml, parse
+from schedule_search.train import TrainConfig
+
+
+@dataclass
+class Param:
+    """One searched key. `low`/`high` for uniform, loguniform and int; `values` for choice."""
+
+    __pydantic_config__ = STRICT
+
+    type: Literal["uniform", "loguniform", "int", "choice"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    values: list[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.type == "choice":
+            if not self.values:
+                raise ValueError("values: a choice needs a non-empty list of values")
+            if self.low is not None or self.high is not None:
+                raise ValueError("low: a choice takes values, not low/high")
+            return
+        if self.values is not None:
+            raise ValueError(f"values: only a choice takes values, not {self.type}")
+        if self.low is None or self.high is None:
+            raise ValueError(f"low: {self.type} needs both low and high")
+        if not self.low < self.high:
+            raise ValueError(f"high: must exceed low ({self.low}), got {self.high}")
+        if (self.type == "loguniform" or self.log) and self.low <= 0:
+            raise ValueError(f"low: a log scale needs low > 0, got {self.low}")
+        if self.type == "int" and (self.low != int(self.low) or self.high != int(self.high)):
+            raise ValueError(f"low: int bounds must be whole numbers, got {self.low}..{self.high}")
+
+    def corners(self) -> list[Any]:
+        """The values that must all make a valid training config."""
+        if self.type == "choice":
+            return list(self.values or [])
+        if self.type == "int":
+            return [int(self.low), int(self.high)]  # type: ignore[arg-type]
+        return [self.low, self.high]
+
+
+@dataclass
+class SearchSpace:
+    __pydantic_config__ = STRICT
+
+    name: str = "sweep"
+    samples: Annotated[int, Field(gt=0)] = 8
+    seed: Annotated[int, Field(ge=0)] = 0
+    scheduler: Literal["auto", "asha", "fifo"] = "auto"
+    base: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Param] = field(default_factory=dict)
+    points_to_evaluate: list[dict[str, Any]] = field(default_factory=list)
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def trial_config(space: SearchSpace, values: dict[str, Any], source: str = "space") -> TrainConfig:
+    """The training config of one trial: the space's base with the sampled values set."""
+    tree = copy.deepcopy(space.base)
+    for key, value in values.items():
+        set_dotted(tree, key, value)
+    ema = tree.setdefault("ema", {})
+    if isinstance(ema, dict) and "objective" in ema:
+        fractions = ema.get("fractions", [0.0, 0.01, 0.04, 0.16])
+        if isinstance(fractions, list) and ema["objective"] not in fractions:
+            ema["fractions"] = sorted([*fractions, ema["objective"]])
+    return parse(TrainConfig, tree, source)
+
+
+def horizon_free(config: TrainConfig) -> bool:
+    return config.schedule.kind in ("constant", "poly")
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Read and validate a space completely; every problem is a ConfigError naming file:key."""
+    source = str(path)
+    space = parse(SearchSpace, load_yaml(path), source)
+    base = trial_config(space, {}, source)
+    for key, param in space.params.items():
+        if key.startswith("base.") or key.split(".")[0] not in TrainConfig.__dataclass_fields__:
+            raise ConfigError(f"{source}: params.{key}: not a training config key")
+        for value in param.corners():
+            try:
+                trial_config(space, {key: value}, source)
+            except ConfigError as err:
+                raise ConfigError(f"{err} (from params.{key} = {value!r})") from None
+    for i, point in enumerate(space.points_to_evaluate):
+        unknown = set(point) - set(space.params)
+        if unknown:
+            raise ConfigError(
+                f"{source}: points_to_evaluate[{i}]: {sorted(unknown)[0]} is not a searched param"
+            )
+        trial_config(space, point, f"{source}: points_to_evaluate[{i}]")
+    kinds = {base.schedule.kind}
+    if "schedule.kind" in space.params:
+        kinds |= set(space.params["schedule.kind"].corners())
+    if space.scheduler == "asha" and kinds & {"cosine", "wsd"}:
+        raise ConfigError(
+            f"{source}: scheduler: asha stops trials early, which is only valid for horizon-free "
+            "schedules (constant, poly); use fifo for cosine or wsd"
+        )
+    return space
+
+
+def uses_asha(space: SearchSpace) -> bool:
+    if space.scheduler != "auto":
+        return space.scheduler == "asha"
+    base = trial_config(space, {})
+    kinds = {base.schedule.kind}
+    if "schedule.kind" in space.params:
+        kinds |= set(space.params["schedule.kind"].corners())
+    return kinds <= {"constant", "poly"}
