@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -193,13 +192,10 @@ def _init_ray(settings: SweepSettings) -> None:
 def sweep(
     settings: SweepSettings, storage: str | Path | None = None, resume: bool = False
 ) -> Experiment:
-    """Run (or resume) a sweep; returns its experiment folder."""
+    """Run (or resume) the sweep whose folder (space.yaml, sweep.json) the CLI has laid out;
+    returns its experiment folder."""
     experiment = Experiment.named(settings.name, storage)
-    space = load_space(experiment.root / "space.yaml" if resume else settings.space_path)
-    if not resume:
-        experiment.root.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(settings.space_path, experiment.root / "space.yaml")
-        experiment.save_settings(settings)
+    space = load_space(experiment.root / "space.yaml")
     base = trial_config(space, {})
     horizon = base.budget.horizon
     progress = Progress(settings.samples)

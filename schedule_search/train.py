@@ -193,6 +193,7 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
     state = session.latest_state()
     if state is not None:
         progress = _restore(state, model, optimizer, window, ema, session)
+        _log_event(session, {"event": "resumed", "tokens": window.tokens_seen, "time": time.time()})
     if progress.status != "running":  # a resumed run that had already ended
         session.report(progress.history[-1], None)
         return TrainResult(progress.status, progress.history, progress.reason)  # type: ignore[arg-type]
@@ -354,6 +355,14 @@ def _restore(
     if state["world_size"] == session.world_size:
         torch.set_rng_state(state["rng"][session.rank])
     return Progress(**state["progress"])
+
+
+def _log_event(session: Session, event: dict[str, Any]) -> None:
+    """Rank 0 appends run events (resumes) to `events.jsonl`: an audit trail of restarts."""
+    if session.rank == 0:
+        session.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(session.log_dir / "events.jsonl", "a") as handle:
+            handle.write(json.dumps(event) + "\n")
 
 
 class _WindowLog:

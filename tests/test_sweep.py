@@ -1,0 +1,176 @@
+"""The sweep end to end on a real local Ray: Tune + Optuna + ASHA over 2-worker Ray Train
+trials, export and the recipe, and a real SIGKILL of the sweep's driver followed by resume."""
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from schedule_search.experiment import Experiment
+from schedule_search.recipe import load_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SPACE = {
+    "name": "lin",
+    "samples": 4,
+    "seed": 0,
+    "base": {
+        "task": {"name": "linreg", "dim": 64, "batch": 16},
+        "optimizer": {"name": "sgd", "lr": 0.05},
+        "schedule": {"kind": "poly", "alpha": 0.05, "warmup": 0.05},
+        "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
+        "window": {"policy": "microbatches", "microbatches": 2},
+        "budget": {"horizon": 4.0, "eval_at": [1.0, 2.0]},
+    },
+    "params": {
+        "optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 0.3},
+        "schedule.gamma": {"type": "uniform", "low": 0.0, "high": 1.0},
+        "ema.objective": {"type": "loguniform", "low": 0.01, "high": 0.3},
+    },
+}
+
+
+def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "schedule_search.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        **kwargs,
+    )
+
+
+def write_space(tmp_path: Path, **changes) -> Path:
+    space = json.loads(json.dumps(SPACE))
+    space.update(changes)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def test_linreg_sweep_export_and_recipe(tmp_path):
+    space = write_space(tmp_path)
+    storage = tmp_path / "runs"
+    done = cli("sweep", str(space), "--storage", str(storage), "--workers", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    experiment = Experiment(storage / "lin")
+    rows = experiment.rows(4.0)
+    assert len(rows) == 4
+    assert all(r.state in ("completed", "stopped") for r in rows), [
+        (r.state, r.reason) for r in rows
+    ]
+    assert any(r.state == "completed" for r in rows)
+    assert (experiment.root / "trials.csv").is_file() and (experiment.root / "space.yaml").is_file()
+
+    exported = cli("export", "lin", "--storage", str(storage), "-o", str(tmp_path / "best.yaml"))
+    assert exported.returncode == 0, exported.stderr
+    recipe = load_recipe(tmp_path / "best.yaml")
+    best = experiment.best(4.0)
+    assert recipe.spec.source["trial_id"] == best.trial_id
+    assert recipe.spec.objective["value"] == best.val_loss
+    config = experiment.read_trial_json(best.trial_id, "config.json")
+    assert recipe.ema_fraction == config["params"]["ema.objective"]
+    assert recipe.peak_lr == config["params"]["optimizer.lr"]
+
+    # The recipe's LR multipliers are exactly those the trial trained with, window by window.
+    windows = [
+        json.loads(x) for x in (experiment.trial_dir(best.trial_id) / "windows.jsonl").open()
+    ]
+    tokens = 0
+    for record in windows:
+        assert record["lr"] == recipe.peak_lr * recipe.lr_multiplier(recipe.clock(tokens))
+        tokens += record["tokens"]
+    assert len(windows) > 50
+
+
+def trial_records(experiment: Experiment) -> dict[str, dict]:
+    return {
+        t: {
+            "params": experiment.read_trial_json(t, "config.json")["params"],
+            "result": experiment.read_trial_json(t, "result.json"),
+            "metrics": experiment.read_trial_json(t, "metrics.json"),
+        }
+        for t in experiment.trial_ids()
+    }
+
+
+def searcher_history(experiment: Experiment) -> int:
+    """How many trials the restored Optuna study holds (from Tune's saved searcher state)."""
+    states = sorted(experiment.tune_dir.glob("searcher-state-*.pkl"))
+    assert states, "Tune saved no searcher state"
+    with open(states[-1], "rb") as handle:
+        state = pickle.load(handle)
+    return len(state["_ot_study"].trials)
+
+
+@pytest.mark.parametrize("moment", ["after_a_trial_finished", "in_the_middle_of_a_trial"])
+def test_sigkill_of_the_driver_then_resume(tmp_path, moment):
+    samples = 3
+    space = write_space(
+        tmp_path,
+        samples=samples,
+        base={**SPACE["base"], "task": {"name": "linreg", "dim": 256, "batch": 16}},
+    )
+    storage = tmp_path / "runs"
+    experiment = Experiment(storage / "lin")
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "schedule_search.cli",
+            "sweep",
+            str(space),
+            "--storage",
+            str(storage),
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    interrupted = None
+    deadline = time.monotonic() + 400
+    while interrupted is None:
+        assert driver.poll() is None, "the sweep ended before it could be killed"
+        assert time.monotonic() < deadline, "no moment to kill at"
+        records = trial_records(experiment) if experiment.root.exists() else {}
+        finished = [t for t, r in records.items() if r["result"]]
+        running = [t for t, r in records.items() if r["metrics"] and not r["result"]]
+        if moment == "after_a_trial_finished" and finished and not running:
+            interrupted = finished[0]
+        if moment == "in_the_middle_of_a_trial" and running:
+            interrupted = running[0]
+        time.sleep(0.05)
+    time.sleep(1.5)  # let Tune take its next snapshot (every second), as a long sweep would have
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    os.killpg(driver.pid, signal.SIGKILL)  # what a dead machine takes with it: Ray's own processes
+    before = trial_records(experiment)
+    tokens_at_kill = (before[interrupted]["metrics"] or [{}])[-1].get("tokens", 0)
+
+    resumed = cli("resume", "lin", "--storage", str(storage))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = trial_records(experiment)
+    ended = {t: r for t, r in after.items() if r["result"]}
+    assert len(after) == samples and len(ended) == samples, {
+        t: r["result"] for t, r in after.items()
+    }
+    configs = [json.dumps(r["params"], sort_keys=True) for r in after.values()]
+    assert len(set(configs)) == samples, "no config may run twice"
+    for trial_id, record in before.items():  # finished work is kept as it was
+        if record["result"]:
+            assert after[trial_id]["result"]["state"] == record["result"]["state"]
+    if moment == "in_the_middle_of_a_trial":
+        events = (experiment.trial_dir(interrupted) / "events.jsonl").read_text().splitlines()
+        resumes = [json.loads(e) for e in events if json.loads(e)["event"] == "resumed"]
+        assert resumes and resumes[0]["tokens"] >= tokens_at_kill > 0, (resumes, tokens_at_kill)
+    assert searcher_history(experiment) == samples
