@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from schedule_search.config import STRICT, ConfigError, load_yaml, parse
+from schedule_search.tasks import build_task
 from schedule_search.train import TrainConfig
 
 
@@ -116,12 +117,15 @@ def load_space(path: str | Path) -> SearchSpace:
     source = str(path)
     space = parse(SearchSpace, load_yaml(path), source)
     base = trial_config(space, {}, source)
+    build_task(base.task, base.seed, source)  # the task's own options and data, checked once
     for key, param in space.params.items():
         if key.startswith("base.") or key.split(".")[0] not in TrainConfig.__dataclass_fields__:
             raise ConfigError(f"{source}: params.{key}: not a training config key")
         for value in param.corners():
             try:
-                trial_config(space, {key: value}, source)
+                config = trial_config(space, {key: value}, source)
+                if key.startswith("task."):
+                    build_task(config.task, config.seed, source)
             except ConfigError as err:
                 raise ConfigError(f"{err} (from params.{key} = {value!r})") from None
     for i, point in enumerate(space.points_to_evaluate):

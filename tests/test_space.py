@@ -1,0 +1,143 @@
+"""Search spaces are validated completely before anything starts: a table of malformed spaces
+and sweep flags, each one line on stderr, exit code 2, no experiment folder, no Ray."""
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from schedule_search.cli import main
+from schedule_search.space import load_space, trial_config, uses_asha
+
+GOOD = {
+    "name": "ok",
+    "samples": 2,
+    "base": {"task": {"name": "linreg", "dim": 16}, "budget": {"horizon": 2.0, "eval_at": [1.0]}},
+    "params": {
+        "optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.1},
+        "ema.objective": {"type": "loguniform", "low": 0.01, "high": 0.2},
+    },
+}
+
+
+def variant(path: str, value, remove: bool = False):
+    space = copy.deepcopy(GOOD)
+    *parents, last = path.split("/")
+    node = space
+    for part in parents:
+        node = node.setdefault(part, {})
+    if remove:
+        del node[last]
+    else:
+        node[last] = value
+    return space
+
+
+MALFORMED = [
+    (variant("surprise", 1), "surprise: unknown key"),
+    (variant("samples", 0), "samples"),
+    (variant("samples", "many"), "samples"),
+    (variant("scheduler", "hyperband"), "scheduler"),
+    (variant("params/optimizer.lr/type", "normal"), "params.optimizer.lr.type"),
+    (variant("params/optimizer.lr/low", 0.5), "params.optimizer.lr.high: must exceed low"),
+    (variant("params/optimizer.lr/low", -1.0), "log scale needs low > 0"),
+    (variant("params/optimizer.lr/high", None, remove=True), "needs both low and high"),
+    (
+        variant("params/window.microbatches", {"type": "int", "low": 0, "high": 4}),
+        "window.microbatches",
+    ),
+    (
+        variant("params/window.microbatches", {"type": "int", "low": 1.5, "high": 4}),
+        "whole numbers",
+    ),
+    (variant("params/schedule.kind", {"type": "choice", "values": []}), "non-empty list"),
+    (
+        variant("params/schedule.kind", {"type": "choice", "values": ["poly", "linear"]}),
+        "schedule.kind",
+    ),
+    (
+        variant("params/optimiser.lr", {"type": "uniform", "low": 0.1, "high": 0.2}),
+        "not a training config key",
+    ),
+    (
+        variant("params/schedule.gamma", {"type": "uniform", "low": 0.0, "high": 5.0}),
+        "schedule.gamma",
+    ),
+    (variant("base/task", {"name": "linreg", "dimm": 3}), "task.dimm: unknown key"),
+    (
+        variant("base/schedule", {"kind": "cosine", "horizon": 2.0}) | {"scheduler": "asha"},
+        "scheduler: asha",
+    ),
+    (variant("points_to_evaluate", [{"optimizer.momentum": 0.5}]), "not a searched param"),
+    (variant("points_to_evaluate", [{"optimizer.lr": -3}]), "points_to_evaluate[0]"),
+    ([1, 2], "expected a mapping"),
+]
+
+
+@pytest.mark.parametrize("space, message", MALFORMED)
+def test_malformed_space_is_refused_before_anything_starts(tmp_path, capsys, space, message):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    storage = tmp_path / "runs"
+    assert main(["sweep", str(path), "--storage", str(storage)]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert str(path) in err and err.count("\n") == 1
+    assert not storage.exists(), "nothing may be written or launched"
+
+
+BAD_FLAGS = [
+    (["--samples", "0"], "--samples"),
+    (["--samples", "x"], "--samples"),
+    (["--workers", "-2"], "--workers"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["--horizon", "0"], "--horizon"),
+    (["--horizon", "nan"], "--horizon"),
+    (["--gpus-per-worker", "-1"], "--gpus-per-worker"),
+    (["--seed", "one"], "--seed"),
+    (["--name", "../escape"], "--name"),
+    (["--name", ""], "--name"),
+    (["--bogus"], "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_FLAGS)
+def test_bad_sweep_flags(tmp_path, capsys, flags, message):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    storage = tmp_path / "runs"
+    assert main(["sweep", str(path), "--storage", str(storage), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not storage.exists()
+
+
+def test_missing_space_file(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path / "none.yaml")]) == 2
+    assert "file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", ["resume", "status", "export"])
+def test_verbs_on_a_missing_experiment(tmp_path, capsys, verb):
+    assert main([verb, "nothing", "--storage", str(tmp_path)]) == 2
+    assert "no sweep here" in capsys.readouterr().err
+
+
+def test_existing_experiment_is_not_overwritten(tmp_path, capsys):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    folder = tmp_path / "runs" / "ok"
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps({"name": "ok"}))
+    assert main(["sweep", str(path), "--storage", str(tmp_path / "runs")]) == 2
+    assert "resume ok" in capsys.readouterr().err
+
+
+def test_horizon_override_and_shipped_spaces(tmp_path):
+    for name in ("default", "linreg", "cosine", "wsd"):
+        space = load_space(f"search_spaces/{name}.yaml")
+        assert uses_asha(space) == (name in ("default", "linreg"))
+    space = load_space("search_spaces/default.yaml")
+    config = trial_config(space, {"ema.objective": 0.123})
+    assert 0.123 in config.ema.fractions and config.ema.objective == 0.123
