@@ -61,7 +61,8 @@ def load_state(folder: Path) -> dict[str, Any]:
     path = Path(folder) / STATE_FILE
     try:
         with open(path, "rb") as handle:
-            return torch.load(handle, weights_only=False)
+            # On the CPU first: a run may resume on another device than it was saved from.
+            return torch.load(handle, map_location="cpu", weights_only=False)
     except (OSError, EOFError, RuntimeError, ValueError) as err:
         raise ValueError(f"unreadable checkpoint {path}: {err}") from err
     except Exception as err:  # unpickling garbage raises many kinds of errors

@@ -50,6 +50,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _at_least_one(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}") from None
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}")
+    return value
+
+
 def _name(text: str) -> str:
     if not text or not all(c.isalnum() or c in "-_." for c in text) or text.startswith("."):
         raise argparse.ArgumentTypeError(f"expected letters, digits, '-', '_' or '.', got {text!r}")
@@ -130,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
                 type=Path,
                 default=None,
                 help="recipe file (default: runs/<name>/recipe.yaml)",
+            )
+            sub.add_argument(
+                "--max-slowdown",
+                type=_at_least_one,
+                default=None,
+                help="pick the lowest loss among trials at most this many times slower "
+                "(wall clock to the horizon) than the fastest",
             )
         sub.set_defaults(handler=handler)
     return parser
@@ -264,7 +281,7 @@ def _export(args: argparse.Namespace) -> int:
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
     output = args.output or experiment.root / "recipe.yaml"
-    best, _ = experiment.export(output, _horizon(experiment))
+    best, _ = experiment.export(output, _horizon(experiment), args.max_slowdown)
     print(
         f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x -> {output}"
     )

@@ -62,6 +62,27 @@ class TrialRow:
     reason: str = ""
 
 
+def select_best(rows: list[TrialRow], max_slowdown: float | None = None) -> TrialRow | None:
+    if max_slowdown is not None and rows:
+        fastest = min(r.wall_s for r in rows)
+        rows = [r for r in rows if r.wall_s <= max_slowdown * fastest]
+    return min(rows, key=lambda r: (r.val_loss, r.wall_s)) if rows else None
+
+
+def pareto_front(rows: list[TrialRow]) -> list[TrialRow]:
+    """Trials no other trial beats on both loss and wall-clock time."""
+    return [
+        r
+        for r in rows
+        if not any(
+            o.val_loss <= r.val_loss
+            and o.wall_s <= r.wall_s
+            and (o.val_loss < r.val_loss or o.wall_s < r.wall_s)
+            for o in rows
+        )
+    ]
+
+
 class Experiment:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
@@ -135,18 +156,25 @@ class Experiment:
             rows.append(row)
         return rows
 
-    def best(self, horizon: float) -> TrialRow | None:
-        """The trial with the lowest objective among those that reached the horizon."""
-        finished = [
+    def finished(self, horizon: float) -> list[TrialRow]:
+        """Trials that reached the horizon with a finite loss: the only ones comparable."""
+        return [
             r
             for r in self.rows(horizon)
             if r.state == "completed" and r.chinchilla >= horizon and math.isfinite(r.val_loss)
         ]
-        return min(finished, key=lambda r: r.val_loss) if finished else None
 
-    def export(self, output: Path, horizon: float) -> tuple[TrialRow, RecipeSpec]:
+    def best(self, horizon: float, max_slowdown: float | None = None) -> TrialRow | None:
+        """The lowest loss among trials that reached the horizon. With `max_slowdown`, only
+        among those whose wall-clock time to the horizon is at most `max_slowdown` times the
+        fastest such trial's: the choice lies on the loss/time Pareto front."""
+        return select_best(self.finished(horizon), max_slowdown)
+
+    def export(
+        self, output: Path, horizon: float, max_slowdown: float | None = None
+    ) -> tuple[TrialRow, RecipeSpec]:
         """Write the best trial's config as a recipe file (atomically)."""
-        best = self.best(horizon)
+        best = self.best(horizon, max_slowdown)
         if best is None:
             raise ConfigError(f"{self.root}: no trial has reached the {horizon:g}x horizon yet")
         config = parse(
@@ -162,7 +190,14 @@ class Experiment:
             n_params=int(last["n_params"]),
             tokens_per_param=config.budget.tokens_per_param,
             tokens_per_reference_step=float(last["tokens_per_reference_step"]),
-            objective={"metric": "val_loss", "value": best.val_loss, "horizon": horizon},
+            objective={
+                "metric": "val_loss",
+                "value": best.val_loss,
+                "horizon": horizon,
+                "wall_s": best.wall_s,
+                "rule": "lowest val_loss"
+                + (f" within {max_slowdown:g}x the fastest trial's time" if max_slowdown else ""),
+            },
             source={
                 "experiment": self.root.name,
                 "path": str(self.root),

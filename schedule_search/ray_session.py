@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import ray.train
+import ray.train.torch
+import torch
 
 from schedule_search import checkpoint as ckpt
 from schedule_search.config import parse
@@ -26,6 +28,9 @@ class RaySession:
         self.world_size = context.get_world_size()
         self.log_dir = log_dir
         self._last_metrics: dict[str, Any] | None = None
+
+    def device(self) -> torch.device:
+        return ray.train.torch.get_device()
 
     def latest_state(self) -> dict[str, Any] | None:
         checkpoint = ray.train.get_checkpoint()

@@ -154,10 +154,11 @@ def _searcher(space: SearchSpace) -> OptunaSearch:
             distributions[key] = optuna.distributions.FloatDistribution(
                 p.low, p.high, log=p.log or p.type == "loguniform"
             )
+    multi = len(space.objectives) > 1
     return OptunaSearch(
         space=distributions,
-        metric=METRIC,
-        mode="min",
+        metric=list(space.objectives) if multi else METRIC,
+        mode=["min"] * len(space.objectives) if multi else "min",
         points_to_evaluate=space.points_to_evaluate or None,
         sampler=optuna.samplers.TPESampler(seed=space.seed),
     )

@@ -4,6 +4,9 @@
     samples: 8                    # trials
     seed: 0                       # TPE seed
     scheduler: auto               # auto | asha | fifo (auto: ASHA for horizon-free schedules)
+    objectives: [val_loss]        # or [val_loss, wall_s]: loss and wall-clock seconds to the
+                                  # horizon, a multi-objective search (export picks from the
+                                  # Pareto front: `export --max-slowdown`)
     base: {...}                   # a training config (see TrainConfig); what is not searched
     params:                       # dotted TrainConfig keys -> distributions
       optimizer.lr: {type: loguniform, low: 1.0e-3, high: 3.0e-2}
@@ -82,6 +85,13 @@ class SearchSpace:
     base: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Param] = field(default_factory=dict)
     points_to_evaluate: list[dict[str, Any]] = field(default_factory=list)
+    objectives: list[Literal["val_loss", "wall_s"]] = field(default_factory=lambda: ["val_loss"])
+
+    def __post_init__(self) -> None:
+        if not self.objectives or self.objectives[0] != "val_loss":
+            raise ValueError(f"objectives: must start with val_loss, got {self.objectives}")
+        if len(set(self.objectives)) != len(self.objectives):
+            raise ValueError(f"objectives: duplicates in {self.objectives}")
 
 
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:

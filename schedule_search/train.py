@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,6 +103,10 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: Annotated[int, Field(ge=0)] = 0
     threads: Annotated[int, Field(ge=1)] = 1
+    #: `auto`: the session's accelerator if it has one (Ray Train's GPU, LOCAL_RANK's GPU), else CPU.
+    device: Literal["auto", "cpu"] = "auto"
+    #: `auto`: bf16 autocast on a GPU (bf16 over fp16: no loss scaling), fp32 on the CPU.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
 
     def __post_init__(self) -> None:
         if "name" not in self.task:
@@ -120,6 +125,8 @@ class Session(Protocol):
     world_size: int
     log_dir: Path
 
+    def device(self) -> torch.device: ...
+
     def latest_state(self) -> dict[str, Any] | None: ...
 
     def report(self, metrics: dict[str, Any], state: dict[str, Any] | None) -> None: ...
@@ -134,6 +141,7 @@ class Progress:
     microbatches: int = 0  # data position: micro-batches drawn per rank so far
     milestone: int = 0  # index of the next evaluation point
     wall_s: float = 0.0  # wall-clock seconds spent, summed over resumed runs
+    eval_s: float = 0.0  # of which in evaluation, checkpoints and reports
     history: list[dict[str, Any]] = field(default_factory=list)
     status: str = "running"
     reason: str = ""
@@ -174,8 +182,11 @@ class _WindowStats:
 def train(config: TrainConfig, session: Session, source: str = "config") -> TrainResult:
     """Train one run to its budget. Every rank of a data-parallel group calls this."""
     torch.set_num_threads(config.threads)
+    device = torch.device("cpu") if config.device == "cpu" else session.device()
+    bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     task: Task = build_task(config.task, config.seed, source)
-    model = task.build_model()
+    model = task.build_model().to(device)
     params = list(model.parameters())
     horizon = Horizon(
         n_params=task.chinchilla_params(model),
@@ -206,7 +217,9 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
         batch = task.microbatch(progress.microbatches, session.rank, session.world_size)
         progress.microbatches += 1
         last = window.begin_microbatch(batch.tokens)  # agreed by all ranks before backward
-        window.backward(task.loss_sum(model, batch))
+        with autocast:
+            loss_sum = task.loss_sum(model, batch)
+        window.backward(loss_sum)
         if not last:
             continue
 
@@ -240,6 +253,7 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
             reached += 1
         if reached > progress.milestone:
             progress.milestone = reached
+            paused = time.monotonic()
             metrics = {
                 "tokens": window.tokens_seen,
                 "chinchilla": milestones[reached - 1],
@@ -249,10 +263,15 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
                 "n_params": horizon.n_params,
                 "tokens_per_reference_step": horizon.tokens_per_reference_step,
                 **stats.summary(),
-                **_evaluate(task, model, ema, config.ema, session),
+                **_evaluate(task, model, ema, config.ema, session, autocast),
             }
             progress.wall_s = time.monotonic() - started
-            metrics["wall_s"] = progress.wall_s
+            progress.eval_s += time.monotonic() - paused
+            metrics.update(
+                wall_s=progress.wall_s,
+                eval_s=progress.eval_s,
+                train_s=progress.wall_s - progress.eval_s,
+            )
             if not math.isfinite(metrics["val_loss"]):
                 progress.status = "diverged"
                 progress.reason = f"non-finite validation loss at {window.tokens_seen} tokens"
@@ -260,28 +279,37 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
             elif progress.milestone == len(milestones):
                 progress.status = "completed"
             progress.history.append(metrics)
+            report_started = time.monotonic()
             session.report(
                 metrics, _state(model, optimizer, window, ema, progress, config, session)
             )
+            progress.eval_s += time.monotonic() - report_started
             if progress.status == "diverged":
                 return TrainResult("diverged", progress.history, progress.reason)
         elif (
             config.checkpoint.every_windows
             and window.windows % config.checkpoint.every_windows == 0
         ):
+            saving = time.monotonic()
             session.save(_state(model, optimizer, window, ema, progress, config, session))
+            progress.eval_s += time.monotonic() - saving
     return TrainResult("completed", progress.history)
 
 
 def _evaluate(
-    task: Task, model: torch.nn.Module, ema: EmaBank, config: EmaConfig, session: Session
+    task: Task,
+    model: torch.nn.Module,
+    ema: EmaBank,
+    config: EmaConfig,
+    session: Session,
+    autocast: torch.autocast,
 ) -> dict[str, float]:
     """Held-out loss of the raw weights and every EMA. Rank 0 evaluates and broadcasts, so
     every rank reports, and decides on divergence from, the same numbers."""
     losses: dict[str, float] = {}
     if session.rank == 0:
         for frac in config.fractions:
-            with ema.swapped_in(frac):
+            with ema.swapped_in(frac), autocast:
                 losses["val_loss_raw" if frac == 0 else f"val_loss_{ema_key(frac)}"] = (
                     task.evaluate(model)
                 )
@@ -405,6 +433,11 @@ class LocalSession:
         initialized = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if initialized else 0
         self.world_size = dist.get_world_size() if initialized else 1
+
+    def device(self) -> torch.device:
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", self.rank)))
+        return torch.device("cpu")
 
     def latest_state(self) -> dict[str, Any] | None:
         found = ckpt.load_latest(self.checkpoints)

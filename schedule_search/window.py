@@ -176,6 +176,9 @@ class WindowAccumulator:
         self.group = group
         self.clock = clock
         self.rank, self.world_size = _distributed(group)
+        # NCCL reduces only CUDA tensors; gloo (and one process) keeps the control on the CPU.
+        nccl = self.world_size > 1 and dist.get_backend(group) == "nccl"
+        self._control_device = self.params[0].device if nccl else torch.device("cpu")
         broadcast_parameters(self.params, group)
         self._buckets = _make_buckets(self.params)
         self._bind_grads()
@@ -205,8 +208,9 @@ class WindowAccumulator:
             local[_ELAPSED] = now - self._window_start
             local[_LAST_DT] = self._last_microbatch_s
         if self.world_size > 1:
-            agreed = local.clone()
+            agreed = local.to(self._control_device, copy=True)
             dist.all_reduce(agreed, group=self.group)
+            agreed = agreed.cpu()
         else:
             agreed = local
         self._agreed = agreed

@@ -7,7 +7,8 @@ The task protocol (what a user task provides; see `Task`):
   convention the non-embedding parameters).
 - `microbatch(index, rank, world_size)` -> `Microbatch`: a deterministic function of its
   arguments and the task's seed, so a resumed run sees exactly the data it would have seen.
-- `loss_sum(model, batch)` -> the loss *summed* over the micro-batch's tokens (a 0-dim tensor).
+- `loss_sum(model, batch)` -> the loss *summed* over the micro-batch's tokens (a 0-dim tensor);
+  it moves the batch to the model's device (micro-batches are made on the CPU).
 - `evaluate(model)` -> the mean held-out loss per token (a float), deterministic.
 - `tokens_per_microbatch`: the nominal tokens of one micro-batch on one rank.
 

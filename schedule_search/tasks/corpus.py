@@ -9,6 +9,7 @@ layout: a flat array of uint16, either one `.bin` file or a folder with `train.b
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +57,12 @@ def _read_files(files: list[Path], max_bytes: int | None) -> np.ndarray:
 def stdlib_files() -> list[Path]:
     """The standard library's own .py sources (tests and site-packages left out), sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
-    return sorted(p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts))
+    skip = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in skip]  # prune: never walk into them
+        files += [Path(folder) / n for n in names if n.endswith(".py")]
+    return sorted(files)
 
 
 def embedded(max_bytes: int) -> Corpus:

@@ -62,12 +62,13 @@ class LinregTask:
         return Microbatch(self.sample(self.config.batch, generator), self.config.batch)
 
     def loss_sum(self, model: torch.nn.Module, batch: Microbatch) -> torch.Tensor:
-        x, y = batch.data
+        device = model.weight.device
+        x, y = (z.to(device, non_blocking=True) for z in batch.data)
         return ((model(x).squeeze(-1) - y) ** 2).sum()
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> float:
-        w = next(model.parameters()).detach().to(torch.float64).reshape(-1)
+        w = next(model.parameters()).detach().to("cpu", torch.float64).reshape(-1)
         delta = w - self.target
         return float(torch.sum(self.eigenvalues * delta**2))
 
