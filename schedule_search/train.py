@@ -103,7 +103,8 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: Annotated[int, Field(ge=0)] = 0
     threads: Annotated[int, Field(ge=1)] = 1
-    #: `auto`: the session's accelerator if it has one (Ray Train's GPU, LOCAL_RANK's GPU), else CPU.
+    #: `auto`: the session's accelerator if it has one (Ray Train's GPU, or LOCAL_RANK's GPU
+    #: under torchrun), else the CPU.
     device: Literal["auto", "cpu"] = "auto"
     #: `auto`: bf16 autocast on a GPU (bf16 over fp16: no loss scaling), fp32 on the CPU.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
