@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench lint clean sweep resume status export
+.PHONY: install test bench lint clean sweep resume status export transfer
 
 # The embedded default sweep: tinylm on Python's stdlib sources, local Ray, 2 workers a trial.
 NAME ?= default
@@ -36,6 +36,10 @@ status: install
 
 export: install
 	$(CLI) export $(NAME)
+
+# Prove the exported recipe at 8x-32x against a per-horizon cosine envelope and WSD.
+transfer: install
+	$(CLI) transfer $(NAME)
 
 bench: install
 	$(PY) bench/core.py

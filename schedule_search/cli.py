@@ -50,6 +50,30 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _multiples(text: str) -> list[float]:
+    try:
+        values = sorted({float(part) for part in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated Chinchilla multiples like 8,16,32, got {text!r}"
+        ) from None
+    if not values or not all(0 < v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive multiples, got {text!r}")
+    return values
+
+
+def _methods(text: str) -> list[str]:
+    from schedule_search.transfer import METHODS
+
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [m for m in chosen if m not in METHODS]
+    if not chosen or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {','.join(METHODS)}, got {text!r}"
+        )
+    return chosen
+
+
 def _at_least_one(text: str) -> float:
     try:
         value = float(text)
@@ -124,6 +148,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_storage(sweep)
     sweep.set_defaults(handler=_sweep)
+
+    transfer = verbs.add_parser(
+        "transfer", help="run the exported recipe to longer horizons against cosine and WSD"
+    )
+    transfer.add_argument("name", type=_name, help="the sweep whose recipe to transfer")
+    transfer.add_argument(
+        "--to",
+        type=_multiples,
+        default=[8.0, 16.0, 32.0],
+        help="horizons in Chinchilla multiples beyond the sweep's (default: 8,16,32)",
+    )
+    transfer.add_argument(
+        "--methods",
+        type=_methods,
+        default=None,
+        help="comma-separated subset of recipe,constant,poly,cosine,wsd (default: all)",
+    )
+    transfer.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="Ray Train workers per run (default: the sweep's)",
+    )
+    transfer.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=None,
+        help="runs at once (default: the sweep's)",
+    )
+    _add_storage(transfer)
+    transfer.set_defaults(handler=_transfer)
 
     for verb, handler, text in (
         ("resume", _resume, "continue a killed or stopped sweep"),
@@ -264,6 +319,29 @@ def _print_table(experiment) -> None:
         )
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     print(f"table: {experiment.root / 'trials.csv'}")
+
+
+def _transfer(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from schedule_search.experiment import Experiment
+    from schedule_search.transfer import METHODS, plan, recipe_config, run_transfer
+
+    sweep = Experiment.named(args.name, args.storage)
+    settings = sweep.settings()
+    if args.workers:
+        settings = dataclasses.replace(settings, workers=args.workers)
+    if args.concurrency:
+        settings = dataclasses.replace(settings, concurrency=args.concurrency)
+    base, _ = recipe_config(sweep)
+    horizons = sorted({base.budget.horizon, *args.to})
+    methods = args.methods or list(METHODS)
+    plan(base, horizons, methods)  # every run's config is valid before Ray starts
+    resume = (sweep.root / "transfer" / "plan.json").exists()
+    root = run_transfer(sweep, settings, horizons, methods, resume)
+    print((root / "transfer.md").read_text())
+    print(f"table, JSON and plots in {root}")
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

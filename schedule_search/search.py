@@ -9,15 +9,18 @@ there are CPUs for their workers, and no trial waits forever for workers.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from schedule_search.config import to_dict
 from schedule_search.experiment import Experiment, SweepSettings
 from schedule_search.space import SearchSpace, load_space, trial_config, uses_asha
+from schedule_search.train import TrainConfig
 
 # Quieter Ray, and a Tune snapshot every second so a killed driver forgets as little as possible.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -42,13 +45,27 @@ from schedule_search.ray_session import worker_loop
 METRIC = "val_loss"
 
 
+class SpaceTrials:
+    """Turns a trial's sampled values into its training config."""
+
+    def __init__(self, space: SearchSpace, source: str) -> None:
+        self.space = space
+        self.source = source
+
+    def __call__(self, params: dict[str, Any], trial_id: str) -> TrainConfig:
+        return trial_config(self.space, params, f"{self.source} (trial {trial_id})")
+
+
 def run_trial(
-    params: dict[str, Any], settings: SweepSettings, space: SearchSpace, root: str
+    params: dict[str, Any],
+    settings: SweepSettings,
+    resolve: Callable[[dict[str, Any], str], TrainConfig],
+    root: str,
 ) -> None:
     """The Tune trainable: one trial = one Ray Train run of the core trainer."""
     experiment = Experiment(root)
     trial_id = tune.get_context().get_trial_id()
-    config = trial_config(space, params, f"{settings.space_path} (trial {trial_id})")
+    config = resolve(params, trial_id)
     experiment.write_trial_json(
         trial_id, "config.json", {"params": params, "config": to_dict(config)}
     )
@@ -82,9 +99,8 @@ class TrialRecorder(tune.Callback):
     """Writes each trial's end (completed, stopped early, diverged, error) into its folder, as
     soon as it happens: a durable record that does not wait for Tune's next snapshot."""
 
-    def __init__(self, experiment: Experiment, horizon: float, progress: Progress) -> None:
+    def __init__(self, experiment: Experiment, progress: Progress) -> None:
         self.experiment = experiment
-        self.horizon = horizon
         self.progress = progress
         self.started: dict[str, float] = {}
 
@@ -98,7 +114,7 @@ class TrialRecorder(tune.Callback):
         result = trial.last_result or {}
         if result.get("status") == "diverged":
             state, reason = "diverged", result.get("reason", "")
-        elif result.get("chinchilla", 0) >= self.horizon:
+        elif result.get("status") == "completed":
             state, reason = "completed", ""
         else:
             state, reason = "stopped", "stopped early by ASHA"
@@ -199,41 +215,59 @@ def sweep(
     space = load_space(experiment.root / "space.yaml")
     base = trial_config(space, {})
     horizon = base.budget.horizon
-    progress = Progress(settings.samples)
+    tune_config = tune.TuneConfig(
+        search_alg=_searcher(space),
+        scheduler=_scheduler(space, horizon, base.budget.milestones()),
+        num_samples=settings.samples,
+        max_concurrent_trials=settings.concurrency,
+    )
+    resolve = SpaceTrials(space, settings.space_path)
+    with ray_session(settings):
+        run_tune(experiment, settings, resolve, tune_config, None, settings.samples, resume)
+    experiment.write_table(horizon)
+    return experiment
+
+
+@contextlib.contextmanager
+def ray_session(settings: SweepSettings) -> Iterator[None]:
+    """A local Ray (or a connection to the cluster at `settings.address`), always shut down."""
+    _init_ray(settings)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def run_tune(
+    experiment: Experiment,
+    settings: SweepSettings,
+    resolve: Callable[[dict[str, Any], str], TrainConfig],
+    tune_config: tune.TuneConfig,
+    param_space: dict[str, Any] | None,
+    total: int,
+    resume: bool,
+) -> None:
+    """Run (or restore and continue) one Tune experiment of core-trainer trials."""
     driver = tune.with_parameters(
-        run_trial, settings=settings, space=space, root=str(experiment.root)
+        run_trial, settings=settings, resolve=resolve, root=str(experiment.root)
     )
     slot = {"cpu": 0, "trial_slot": 1} if not settings.address else {"cpu": 0.01}
     driver = tune.with_resources(driver, slot)
-    _init_ray(settings)
-    try:
-        run_config = tune.RunConfig(
-            name=experiment.tune_dir.name,
-            storage_path=str(experiment.root),
-            failure_config=tune.FailureConfig(max_failures=settings.max_failures),
-            callbacks=[TrialRecorder(experiment, horizon, progress)],
-            verbose=0,
+    if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
+        tuner = tune.Tuner.restore(
+            str(experiment.tune_dir), trainable=driver, resume_unfinished=True, resume_errored=True
         )
-        if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
-            tuner = tune.Tuner.restore(
-                str(experiment.tune_dir),
-                trainable=driver,
-                resume_unfinished=True,
-                resume_errored=True,
-            )
-        else:
-            tuner = tune.Tuner(
-                driver,
-                tune_config=tune.TuneConfig(
-                    search_alg=_searcher(space),
-                    scheduler=_scheduler(space, horizon, base.budget.milestones()),
-                    num_samples=settings.samples,
-                    max_concurrent_trials=settings.concurrency,
-                ),
-                run_config=run_config,
-            )
-        tuner.fit()
-    finally:
-        ray.shutdown()
-    experiment.write_table(horizon)
-    return experiment
+    else:
+        tuner = tune.Tuner(
+            driver,
+            param_space=param_space,
+            tune_config=tune_config,
+            run_config=tune.RunConfig(
+                name=experiment.tune_dir.name,
+                storage_path=str(experiment.root),
+                failure_config=tune.FailureConfig(max_failures=settings.max_failures),
+                callbacks=[TrialRecorder(experiment, Progress(total))],
+                verbose=0,
+            ),
+        )
+    tuner.fit()

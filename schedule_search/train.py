@@ -108,6 +108,9 @@ class TrainConfig:
     device: Literal["auto", "cpu"] = "auto"
     #: `auto`: bf16 autocast on a GPU (bf16 over fp16: no loss scaling), fp32 on the CPU.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    #: A checkpoint folder of another run to start from: its weights, optimizer, EMAs, clock
+    #: and data position, under this run's own schedule and milestones (a WSD branch).
+    branch_from: str | None = None
 
     def __post_init__(self) -> None:
         if "name" not in self.task:
@@ -206,6 +209,15 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
     if state is not None:
         progress = _restore(state, model, optimizer, window, ema, session)
         _log_event(session, {"event": "resumed", "tokens": window.tokens_seen, "time": time.time()})
+    elif config.branch_from is not None:
+        trunk = _restore(
+            ckpt.load_state(Path(config.branch_from)), model, optimizer, window, ema, session
+        )
+        passed = sum(1 for m in milestones if horizon.tokens(m) <= window.tokens_seen)
+        progress = Progress(microbatches=trunk.microbatches, milestone=passed)
+        _log_event(
+            session, {"event": "branched", "from": config.branch_from, "tokens": window.tokens_seen}
+        )
     if progress.status != "running":  # a resumed run that had already ended
         session.report(progress.history[-1], None)
         return TrainResult(progress.status, progress.history, progress.reason)  # type: ignore[arg-type]
@@ -279,6 +291,7 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
                 metrics.update(status="diverged", reason=progress.reason)
             elif progress.milestone == len(milestones):
                 progress.status = "completed"
+            metrics["status"] = progress.status
             progress.history.append(metrics)
             report_started = time.monotonic()
             session.report(
