@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 import yaml
 
 from schedule_search import checkpoint as ckpt
@@ -81,26 +80,12 @@ def test_small_transfer_on_linreg(tmp_path):
         "name": "lt",
         "samples": 1,
         "base": {
-            **json.loads(
-                json.dumps(
-                    {
-                        k: v
-                        for k, v in {
-                            "task": {"name": "linreg", "dim": 64, "batch": 16},
-                            "optimizer": {"name": "sgd", "lr": 0.1},
-                            "schedule": {
-                                "kind": "poly",
-                                "alpha": 0.05,
-                                "warmup": 0.05,
-                                "gamma": 0.5,
-                            },
-                            "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
-                            "window": {"policy": "microbatches", "microbatches": 2},
-                            "budget": {"horizon": 1.0, "eval_at": [0.5]},
-                        }.items()
-                    }
-                )
-            )
+            "task": {"name": "linreg", "dim": 64, "batch": 16},
+            "optimizer": {"name": "sgd", "lr": 0.1},
+            "schedule": {"kind": "poly", "alpha": 0.05, "warmup": 0.05, "gamma": 0.5},
+            "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
+            "window": {"policy": "microbatches", "microbatches": 2},
+            "budget": {"horizon": 1.0, "eval_at": [0.5]},
         },
         "params": {"optimizer.lr": {"type": "loguniform", "low": 0.05, "high": 0.2}},
     }
