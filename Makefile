@@ -43,6 +43,7 @@ transfer: install
 
 bench: install
 	$(PY) bench/core.py
+	$(PY) bench/linreg_theory.py
 
 lint: install
 	$(VENV)/bin/ruff check schedule_search tests bench
