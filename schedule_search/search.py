@@ -157,7 +157,7 @@ class Progress:
         print(f"trial {trial_id} {state} [{self.done}/{self.samples} finished]", flush=True)
 
 
-def _searcher(space: SearchSpace) -> OptunaSearch:
+def _distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
     distributions: dict[str, optuna.distributions.BaseDistribution] = {}
     for key, p in space.params.items():
         if p.type == "choice":
@@ -170,6 +170,11 @@ def _searcher(space: SearchSpace) -> OptunaSearch:
             distributions[key] = optuna.distributions.FloatDistribution(
                 p.low, p.high, log=p.log or p.type == "loguniform"
             )
+    return distributions
+
+
+def _searcher(space: SearchSpace) -> OptunaSearch:
+    distributions = _distributions(space)
     multi = len(space.objectives) > 1
     return OptunaSearch(
         space=distributions,
@@ -225,7 +230,49 @@ def sweep(
     with ray_session(settings):
         run_tune(experiment, settings, resolve, tune_config, None, settings.samples, resume)
     experiment.write_table(horizon)
+    write_optuna_mirror(experiment, space)
     return experiment
+
+
+def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
+    """The trials as an Optuna study in a journal file (`optuna.journal`), so Optuna's tools
+    (optuna-dashboard, `optuna.load_study`) can read a sweep. Written from the durable trial
+    records, never the searcher's live state (RAY_NOTES: a live database can get ahead of a
+    restored Tune snapshot). Trials stopped early keep their partial loss, marked by the
+    `state` and `chinchilla` user attributes."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.trial import TrialState, create_trial
+
+    path = experiment.root / "optuna.journal"
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.unlink(missing_ok=True)
+    storage = JournalStorage(JournalFileBackend(str(scratch)))
+    directions = ["minimize"] * len(space.objectives)
+    study = optuna.create_study(study_name=space.name, storage=storage, directions=directions)
+    distributions = _distributions(space)
+    base = trial_config(space, {})
+    for row in experiment.rows(base.budget.horizon):
+        if row.state in ("running", "pending"):
+            continue
+        values = [row.val_loss, row.wall_s][: len(space.objectives)]
+        ok = row.state in ("completed", "stopped") and all(math.isfinite(v) for v in values)
+        study.add_trial(
+            create_trial(
+                state=TrialState.COMPLETE if ok else TrialState.FAIL,
+                values=values if ok else None,
+                params=row.params,
+                distributions={k: distributions[k] for k in row.params if k in distributions},
+                user_attrs={
+                    "trial_id": row.trial_id,
+                    "state": row.state,
+                    "chinchilla": row.chinchilla,
+                    "reason": row.reason,
+                },
+            )
+        )
+    os.replace(scratch, path)
+    return path
 
 
 @contextlib.contextmanager

@@ -10,8 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 
 from schedule_search.experiment import Experiment
 from schedule_search.recipe import load_recipe
@@ -69,6 +72,12 @@ def test_linreg_sweep_export_and_recipe(tmp_path):
     ]
     assert any(r.state == "completed" for r in rows)
     assert (experiment.root / "trials.csv").is_file() and (experiment.root / "space.yaml").is_file()
+    study = optuna.load_study(
+        study_name="lin",
+        storage=JournalStorage(JournalFileBackend(str(experiment.root / "optuna.journal"))),
+    )
+    assert len(study.trials) == 4
+    assert {t.user_attrs["trial_id"] for t in study.trials} == {r.trial_id for r in rows}
 
     exported = cli("export", "lin", "--storage", str(storage), "-o", str(tmp_path / "best.yaml"))
     assert exported.returncode == 0, exported.stderr
