@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from schedule_search.config import ConfigError
+from schedule_search.lock import experiment_lock
 
 EXIT_BAD_INPUT = 2
 
@@ -238,11 +239,7 @@ def _prepare_space(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    import os
-
-    import yaml
-
-    from schedule_search.experiment import Experiment, SweepSettings
+    from schedule_search.experiment import Experiment
 
     data, space_name = _prepare_space(args)
     name = args.name or space_name
@@ -251,11 +248,24 @@ def _sweep(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{experiment.root}: experiment exists; `schedule-search resume {name}` continues it"
         )
+    with experiment_lock(experiment.root, "sweep"):
+        if (experiment.root / "sweep.json").exists():  # another sweep got here first
+            raise ConfigError(f"{experiment.root}: experiment exists")
+        return _start(args, data, name, experiment)
+
+
+def _start(args: argparse.Namespace, data: dict, name: str, experiment) -> int:
+    import os
+
+    import yaml
+
+    from schedule_search.checkpoint import atomic_write_text
+    from schedule_search.experiment import SweepSettings
+
     cpus = os.cpu_count() or 1
     concurrency = args.concurrency or max(1, int(cpus // args.workers))
-    experiment.root.mkdir(parents=True, exist_ok=True)
     space_copy = experiment.root / "space.yaml"
-    space_copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    atomic_write_text(space_copy, yaml.safe_dump(data, sort_keys=False))
     settings = SweepSettings(
         name=name,
         space_path=str(space_copy),
@@ -281,8 +291,10 @@ def _run(settings, storage: Path | None, resume: bool) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from schedule_search.experiment import Experiment
 
-    settings = Experiment.named(args.name, args.storage).settings()
-    return _run(settings, args.storage, resume=True)
+    experiment = Experiment.named(args.name, args.storage)
+    settings = experiment.settings()
+    with experiment_lock(experiment.root, "resume"):
+        return _run(settings, args.storage, resume=True)
 
 
 def _horizon(experiment) -> float:
@@ -337,8 +349,9 @@ def _transfer(args: argparse.Namespace) -> int:
     horizons = sorted({base.budget.horizon, *args.to})
     methods = args.methods or list(METHODS)
     plan(base, horizons, methods)  # every run's config is valid before Ray starts
-    resume = (sweep.root / "transfer" / "plan.json").exists()
-    root = run_transfer(sweep, settings, horizons, methods, resume)
+    with experiment_lock(sweep.root, "transfer"):
+        resume = (sweep.root / "transfer" / "plan.json").exists()
+        root = run_transfer(sweep, settings, horizons, methods, resume)
     print((root / "transfer.md").read_text())
     print(f"table, JSON and plots in {root}")
     return 0
@@ -388,7 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return args.handler(args)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        # One line, whatever the input held (a newline in a flag or a YAML key included).
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
+        print(f"error: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,23 @@ class RaySession:
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
             return None
-        with checkpoint.as_directory() as folder:
-            return ckpt.load_state(Path(folder))
+        try:
+            with checkpoint.as_directory() as folder:
+                return ckpt.load_state(Path(folder))
+        except ValueError as err:
+            # Ray Train only offers its latest checkpoint; the older ones lie beside it.
+            warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=2)
+            older = [
+                f
+                for f in ckpt.checkpoint_folders(Path(checkpoint.path).parent)
+                if f.name < Path(checkpoint.path).name
+            ]
+            for folder in reversed(older):
+                try:
+                    return ckpt.load_state(folder)
+                except ValueError as older_err:
+                    warnings.warn(f"{older_err}; trying an older one", stacklevel=2)
+            raise
 
     def report(self, metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
         self._last_metrics = metrics

@@ -1,0 +1,194 @@
+"""Faults injected for real: a held lock, corrupt checkpoints, a diverging trial, a SIGKILLed
+Ray Train worker; and fuzzed inputs that must never reach the user as a traceback."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from schedule_search import checkpoint as ckpt
+from schedule_search.cli import main
+from schedule_search.config import parse
+from schedule_search.experiment import Experiment, SweepSettings
+from schedule_search.launch import run_local
+from schedule_search.lock import experiment_lock
+from schedule_search.train import TrainConfig
+
+LINREG_RUN = {
+    "task": {"name": "linreg", "dim": 64, "batch": 16},
+    "window": {"policy": "microbatches", "microbatches": 2},
+    "budget": {"horizon": 2.0, "eval_at": [1.0]},
+    "checkpoint": {"every_windows": 10, "keep": 3},
+}
+
+
+def test_a_second_driver_is_refused_and_a_dead_one_holds_nothing(tmp_path, capsys):
+    experiment = Experiment(tmp_path / "runs" / "x")
+    experiment.root.mkdir(parents=True)
+    experiment.save_settings(SweepSettings("x", "space.yaml", 1, 1, 1, 0))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path\n"
+            "from schedule_search.lock import experiment_lock\n"
+            f"with experiment_lock(Path({str(experiment.root)!r}), 'sweep'):\n"
+            "    print('held', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    assert main(["resume", "x", "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "already running (`sweep` by pid" in err and err.count("\n") == 1
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with experiment_lock(experiment.root, "resume"):  # the kernel released the dead holder's lock
+        pass
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path):
+    config = parse(TrainConfig, LINREG_RUN, "test")
+    straight = run_local(config, tmp_path / "straight")
+    run_local(config, tmp_path / "damaged")
+    folders = ckpt.checkpoint_folders(tmp_path / "damaged" / "checkpoints")
+    assert len(folders) == 3, "only the last `keep` checkpoints stay on disk"
+    state = folders[-1] / ckpt.STATE_FILE
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a copy cut short
+    with pytest.warns(UserWarning, match="falling back to the previous checkpoint"):
+        resumed = run_local(config, tmp_path / "damaged")
+
+    def losses(history):
+        return [{k: v for k, v in row.items() if k.startswith("val_loss")} for row in history]
+
+    assert losses(resumed.history) == losses(straight.history)
+    a = ckpt.load_latest(tmp_path / "straight" / "checkpoints")[1]
+    b = ckpt.load_latest(tmp_path / "damaged" / "checkpoints")[1]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_garbage_checkpoint_is_detected(tmp_path):
+    folder = tmp_path / "checkpoint_000000000000001"
+    folder.mkdir()
+    (folder / ckpt.STATE_FILE).write_bytes(os.urandom(1000))
+    with pytest.raises(ValueError, match="unreadable checkpoint"):
+        ckpt.load_state(folder)
+    with pytest.warns(UserWarning):
+        assert ckpt.load_latest(tmp_path) is None
+
+
+def write_space(path: Path, space: dict) -> Path:
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
+    space = {
+        "name": "div",
+        "samples": 2,
+        "seed": 0,
+        "base": {
+            "task": {"name": "linreg", "dim": 64, "batch": 16},
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "window": {"microbatches": 1, "clip_norm": None},
+            "budget": {"horizon": 1.0, "eval_at": [0.5]},
+        },
+        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 1000.0}},
+        "points_to_evaluate": [{"optimizer.lr": 1000.0}, {"optimizer.lr": 0.05}],
+    }
+    path = write_space(tmp_path / "space.yaml", space)
+    storage = str(tmp_path / "runs")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedule_search.cli",
+            "sweep",
+            str(path),
+            "--storage",
+            storage,
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=350,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r.params["optimizer.lr"]: r for r in Experiment(tmp_path / "runs" / "div").rows(1.0)}
+    assert rows[1000.0].state == "diverged" and "non-finite" in rows[1000.0].reason
+    assert rows[0.05].state == "completed"
+    assert "diverged" in done.stdout  # the status table shows it
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    study = optuna.load_study(
+        study_name="div",
+        storage=JournalStorage(
+            JournalFileBackend(str(tmp_path / "runs" / "div" / "optuna.journal"))
+        ),
+    )
+    states = sorted(t.state.name for t in study.trials)
+    assert states == ["COMPLETE", "FAIL"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path):
+    space = {
+        "name": "w",
+        "samples": 1,
+        "seed": 0,
+        "base": {
+            "task": {"name": "linreg", "dim": 256, "batch": 16},
+            "window": {"policy": "microbatches", "microbatches": 2},
+            "budget": {"horizon": 6.0, "eval_at": [1.0, 2.0, 3.0, 4.0, 5.0]},
+        },
+        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
+        "points_to_evaluate": [{"optimizer.lr": 0.003}],
+    }
+    path = write_space(tmp_path / "space.yaml", space)
+    command = [sys.executable, "-m", "schedule_search.cli", "sweep", str(path), "--workers", "2"]
+    subprocess.run([*command, "--storage", str(tmp_path / "a")], check=True, capture_output=True)
+
+    sweep = subprocess.Popen(
+        [*command, "--storage", str(tmp_path / "b")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    experiment = Experiment(tmp_path / "b" / "w")
+    deadline = time.monotonic() + 300
+    while True:
+        assert sweep.poll() is None and time.monotonic() < deadline, "no moment to kill a worker"
+        ids = experiment.trial_ids() if experiment.root.exists() else []
+        history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
+        if history and len(history) >= 2:
+            break
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
+    pids = [int(p) for p in workers.stdout.split()]
+    assert len(pids) == 2
+    os.kill(pids[-1], signal.SIGKILL)
+    assert sweep.wait(timeout=300) == 0
+
+    def final(root: Path) -> dict:
+        folders = list((root / "train").glob("trial-*"))
+        return ckpt.load_latest(folders[0])[1]
+
+    a, b = final(tmp_path / "a" / "w"), final(tmp_path / "b" / "w")
+    assert b["progress"]["status"] == "completed"
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    trial = experiment.trial_ids()[0]
+    events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
+    assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
