@@ -176,7 +176,7 @@ def test_cli_fuzz(verb, args):
         err = stderr.getvalue()
         assert code in (0, 2), (argv, code, err)
         if code == 2:
-            assert err.count("\n") == 1, (argv, err)
+            assert len(err.splitlines()) == 1 and err.endswith("\n"), (argv, err)
         assert not any(Path(storage).iterdir()), "nothing may be written"
 
 
