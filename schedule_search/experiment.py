@@ -17,6 +17,7 @@ after it died.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -62,6 +63,14 @@ class TrialRow:
     reason: str = ""
 
 
+def train_run_name(config: dict[str, Any]) -> str:
+    """Ray Train runs are stored by a hash of the trial's full config: when a restored searcher
+    suggests again a config whose trial it forgot, the new trial finds that work and resumes it
+    instead of starting over."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    return f"run-{digest[:16]}"
+
+
 def select_best(rows: list[TrialRow], max_slowdown: float | None = None) -> TrialRow | None:
     if max_slowdown is not None and rows:
         fastest = min(r.wall_s for r in rows)
@@ -102,6 +111,24 @@ class Experiment:
 
     def trial_dir(self, trial_id: str) -> Path:
         return self.root / "trials" / trial_id
+
+    def train_run_dir(self, trial_id: str) -> Path:
+        """Where Ray Train keeps the trial's checkpoints (named by its config, see
+        `train_run_name`)."""
+        record = self.read_trial_json(trial_id, "config.json") or {}
+        return self.train_dir / record.get("train_run", f"trial-{trial_id}")
+
+    def reconcile(self, known_trial_ids: set[str]) -> list[str]:
+        """Move aside (never delete) trial folders Tune does not know: trials created after its
+        last snapshot, which a restored Tune suggests again. Returns the ids moved."""
+        moved = []
+        for trial_id in self.trial_ids():
+            if trial_id not in known_trial_ids:
+                target = self.root / "trials" / ".orphaned" / trial_id
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.trial_dir(trial_id).rename(target)
+                moved.append(trial_id)
+        return moved
 
     # -- settings --------------------------------------------------------------------------
     def save_settings(self, settings: SweepSettings) -> None:

@@ -10,6 +10,7 @@ there are CPUs for their workers, and no trial waits forever for workers.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from schedule_search.config import to_dict
-from schedule_search.experiment import Experiment, SweepSettings
+from schedule_search.experiment import Experiment, SweepSettings, train_run_name
 from schedule_search.space import SearchSpace, load_space, trial_config, uses_asha
 from schedule_search.train import TrainConfig
 
@@ -65,9 +66,19 @@ def run_trial(
     """The Tune trainable: one trial = one Ray Train run of the core trainer."""
     experiment = Experiment(root)
     trial_id = tune.get_context().get_trial_id()
+    ended = experiment.read_trial_json(trial_id, "result.json")
+    history = experiment.read_trial_json(trial_id, "metrics.json")
+    if ended and ended["state"] in ("completed", "diverged", "stopped") and history:
+        # It ended after Tune's last snapshot: our durable record has its result; report it
+        # again rather than start a worker group for it.
+        tune.report(history[-1])
+        return
     config = resolve(params, trial_id)
+    train_run = train_run_name(to_dict(config))
     experiment.write_trial_json(
-        trial_id, "config.json", {"params": params, "config": to_dict(config)}
+        trial_id,
+        "config.json",
+        {"params": params, "config": to_dict(config), "train_run": train_run},
     )
     use_gpu = settings.gpus_per_worker > 0
     resources = {"CPU": settings.cpus_per_worker}
@@ -85,7 +96,7 @@ def run_trial(
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
-            name=f"trial-{trial_id}",
+            name=train_run,
             storage_path=str(experiment.train_dir),
             callbacks=[TuneReportCallback()],
             failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
@@ -127,6 +138,10 @@ class TrialRecorder(tune.Callback):
 
     def _record(self, trial_id: str, state: str, reason: str, result: dict) -> None:
         started = self.started.pop(trial_id, None)
+        earlier = self.experiment.read_trial_json(trial_id, "result.json")
+        if earlier is not None and earlier.get("state") == state:
+            self.progress.finished(trial_id, state, result)
+            return  # recorded before a restart: keep the original record
         record = {"state": state, "reason": reason, "val_loss": result.get(METRIC)}
         if started is not None:  # seconds this driver saw the trial run (this attempt)
             record["trial_s"] = time.monotonic() - started
@@ -275,6 +290,15 @@ def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
     return path
 
 
+def _known_trial_ids(experiment: Experiment) -> set[str]:
+    """Trial ids in Tune's newest experiment snapshot (each trial is a JSON string in it)."""
+    states = sorted(experiment.tune_dir.glob("experiment_state-*.json"))
+    if not states:
+        return set()
+    snapshot = json.loads(states[-1].read_text())
+    return {json.loads(entry[0])["trial_id"] for entry in snapshot["trial_data"]}
+
+
 @contextlib.contextmanager
 def ray_session(settings: SweepSettings) -> Iterator[None]:
     """A local Ray (or a connection to the cluster at `settings.address`), always shut down."""
@@ -301,6 +325,14 @@ def run_tune(
     slot = {"cpu": 0, "trial_slot": 1} if not settings.address else {"cpu": 0.01}
     driver = tune.with_resources(driver, slot)
     if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
+        orphans = experiment.reconcile(_known_trial_ids(experiment))
+        if orphans:
+            print(
+                f"moved aside {len(orphans)} trial(s) started after Tune's last snapshot: "
+                f"{', '.join(orphans)} (in trials/.orphaned/; their work is resumed if "
+                "their config is suggested again)",
+                flush=True,
+            )
         tuner = tune.Tuner.restore(
             str(experiment.tune_dir), trainable=driver, resume_unfinished=True, resume_errored=True
         )

@@ -136,7 +136,7 @@ def branch_config(plan_: TransferPlan, name: str, trunk_checkpoint: Path) -> dic
 
 def trunk_checkpoint(transfer: Experiment, constant_trial: str, tokens: int) -> Path:
     """The constant run's first checkpoint at or after `tokens` (its evaluation at 0.9 h)."""
-    folders = ckpt.checkpoint_folders(transfer.train_dir / f"trial-{constant_trial}")
+    folders = ckpt.checkpoint_folders(transfer.train_run_dir(constant_trial))
     for folder in folders:
         if int(folder.name.removeprefix(ckpt.PREFIX)) >= tokens:
             return folder

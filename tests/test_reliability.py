@@ -183,8 +183,8 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     assert sweep.wait(timeout=300) == 0
 
     def final(root: Path) -> dict:
-        folders = list((root / "train").glob("trial-*"))
-        return ckpt.load_latest(folders[0])[1]
+        experiment = Experiment(root)
+        return ckpt.load_latest(experiment.train_run_dir(experiment.trial_ids()[0]))[1]
 
     a, b = final(tmp_path / "a" / "w"), final(tmp_path / "b" / "w")
     assert b["progress"]["status"] == "completed"

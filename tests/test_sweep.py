@@ -1,6 +1,7 @@
 """The sweep end to end on a real local Ray: Tune + Optuna + ASHA over 2-worker Ray Train
 trials, export and the recipe, and a real SIGKILL of the sweep's driver followed by resume."""
 
+import contextlib
 import json
 import os
 import pickle
@@ -120,7 +121,10 @@ def searcher_history(experiment: Experiment) -> int:
     return len(state["_ot_study"].trials)
 
 
-@pytest.mark.parametrize("moment", ["after_a_trial_finished", "in_the_middle_of_a_trial"])
+@pytest.mark.parametrize(
+    "moment",
+    ["before_the_first_trial_starts", "after_a_trial_finished", "in_the_middle_of_a_trial"],
+)
 def test_sigkill_of_the_driver_then_resume(tmp_path, moment):
     samples = 3
     space = write_space(
@@ -160,13 +164,17 @@ def test_sigkill_of_the_driver_then_resume(tmp_path, moment):
             interrupted = finished[0]
         if moment == "in_the_middle_of_a_trial" and running:
             interrupted = running[0]
-        time.sleep(0.05)
-    time.sleep(1.5)  # let Tune take its next snapshot (every second), as a long sweep would have
+        started = (experiment.root / "sweep.json").exists()
+        if moment == "before_the_first_trial_starts" and started and not records:
+            interrupted = ""
+        time.sleep(0.01)
+    # No pause for Tune's snapshot: what finished or started since its last one must survive too.
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
-    os.killpg(driver.pid, signal.SIGKILL)  # what a dead machine takes with it: Ray's own processes
+    with contextlib.suppress(ProcessLookupError):  # none yet before Ray has started
+        os.killpg(driver.pid, signal.SIGKILL)  # what a dead machine takes with it: Ray's own
     before = trial_records(experiment)
-    tokens_at_kill = (before[interrupted]["metrics"] or [{}])[-1].get("tokens", 0)
+    tokens_at_kill = (before.get(interrupted, {}).get("metrics") or [{}])[-1].get("tokens", 0)
 
     resumed = cli("resume", "lin", "--storage", str(storage))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

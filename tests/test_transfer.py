@@ -2,8 +2,11 @@
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -11,6 +14,7 @@ import yaml
 from schedule_search import checkpoint as ckpt
 from schedule_search.config import parse
 from schedule_search.experiment import Experiment
+from schedule_search.recipe import load_recipe
 from schedule_search.report import transfer_table
 from schedule_search.schedules import Warmup, Wsd
 from schedule_search.train import TrainConfig
@@ -92,24 +96,66 @@ def test_small_transfer_on_linreg(tmp_path):
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     storage = str(tmp_path / "runs")
     cli = [sys.executable, "-m", "schedule_search.cli"]
-    for args in (
-        ["sweep", str(tmp_path / "space.yaml"), "--workers", "1"],
-        ["export", "lt"],
-        [
-            "transfer",
-            "lt",
-            "--to",
-            "2",
-            "--workers",
-            "1",
-            "--concurrency",
-            "2",
-            "--methods",
-            "recipe,constant,cosine,wsd",
-        ],
-    ):
+
+    def run(*args: str) -> None:
         done = subprocess.run([*cli, *args, "--storage", storage], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
+
+    run("sweep", str(tmp_path / "space.yaml"), "--workers", "1")
+
+    # SIGKILL during export, at moments spread over its run: the recipe is never half written.
+    recipe = tmp_path / "runs" / "lt" / "recipe.yaml"
+    for delay in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0):
+        exporting = subprocess.Popen(
+            [*cli, "export", "lt", "--storage", storage],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(delay)
+        exporting.kill()
+        exporting.wait()
+        if recipe.exists():
+            load_recipe(recipe)  # complete, or it would not load
+    run("export", "lt")
+
+    # SIGKILL of the transfer's driver (and its Ray) once some runs have finished; run it again.
+    transfer = [
+        *cli,
+        "transfer",
+        "lt",
+        "--to",
+        "2",
+        "--workers",
+        "1",
+        "--concurrency",
+        "2",
+        "--methods",
+        "recipe,constant,cosine,wsd",
+        "--storage",
+        storage,
+    ]
+    first = Experiment(tmp_path / "runs" / "lt" / "transfer" / "phase1")
+    driver = subprocess.Popen(
+        transfer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    while (
+        not first.root.exists()
+        or sum(1 for t in first.trial_ids() if first.read_trial_json(t, "result.json")) < 2
+    ):
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    finished = {
+        t: first.read_trial_json(t, "result.json")
+        for t in first.trial_ids()
+        if first.read_trial_json(t, "result.json")
+    }
+    done = subprocess.run(transfer, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for trial_id, result in finished.items():  # finished runs are kept, not redone
+        assert first.read_trial_json(trial_id, "result.json") == result
 
     root = tmp_path / "runs" / "lt" / "transfer"
     for name in ("transfer.md", "transfer.json"):
@@ -121,7 +167,7 @@ def test_small_transfer_on_linreg(tmp_path):
     table = json.loads((root / "transfer.json").read_text())
     assert table["horizons"] == [1.0, 2.0]
 
-    first, second = Experiment(root / "phase1"), Experiment(root / "phase2")
+    second = Experiment(root / "phase2")
     names = run_names(first)
     assert len(names) == 2 + 6  # recipe, constant, 3 LRs x 2 horizons
     for h in ("1", "2"):  # the envelope is the best cosine at its own horizon, read back here
@@ -133,7 +179,7 @@ def test_small_transfer_on_linreg(tmp_path):
         assert table["loss"]["cosine envelope"][h] == min(finals)
 
     constant = names["constant"]
-    checkpoints = ckpt.checkpoint_folders(first.train_dir / f"trial-{constant}")
+    checkpoints = ckpt.checkpoint_folders(first.train_run_dir(constant))
     for run, trial_id in run_names(second).items():
         h = float(run.removeprefix("wsd-").removesuffix("x"))
         config = parse(TrainConfig, second.read_trial_json(trial_id, "config.json")["config"], run)
