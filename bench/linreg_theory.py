@@ -59,8 +59,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.3)
     parser.add_argument("--frac", type=float, default=0.1, help="EMA half-life / age")
     args = parser.parse_args()
-    print(f"linreg a = {A}, d = 128, SGD lr {args.lr}, EMA fraction {args.frac}, "
-          f"horizon {args.horizon:g}x Chinchilla; slopes fitted from {args.horizon / 8:g}x on")
+    print(
+        f"linreg a = {A}, d = 128, SGD lr {args.lr}, EMA fraction {args.frac}, "
+        f"horizon {args.horizon:g}x Chinchilla; slopes fitted from {args.horizon / 8:g}x on"
+    )
     print("| b | gamma* = max(0, 1 - a/b) | method | risk at 1x | risk at end | tail slope |")
     print("| --- | --- | --- | --- | --- | --- |")
     for b in (A, 2 * A):
@@ -70,8 +72,10 @@ def main() -> None:
             history = run(b, kind, args.horizon, args.lr, args.frac)
             at_1x = next(r["val_loss"] for r in history if math.isclose(r["chinchilla"], 1.0))
             finals[label] = history[-1]["val_loss"]
-            print(f"| {b:g} | {gamma_star:g} | {label} | {at_1x:.3e} | {history[-1]['val_loss']:.3e} "
-                  f"| {tail_slope(history, args.horizon / 8):+.3f} |")
+            print(
+                f"| {b:g} | {gamma_star:g} | {label} | {at_1x:.3e} | {history[-1]['val_loss']:.3e} "
+                f"| {tail_slope(history, args.horizon / 8):+.3f} |"
+            )
         winner = min(finals, key=finals.get)
         favoured = "constant + EMA" if gamma_star < 0.25 else "1/sqrt + EMA"
         print(f"|  |  | theory favours {favoured}; measured best at the end: {winner} |  |  |  |")

@@ -87,9 +87,12 @@ def load_latest(root: Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def prune(root: Path, keep: int) -> None:
-    """Keep only the newest `keep` checkpoints under `root`."""
+    """Keep only the newest `keep` checkpoints under `root`, and remove staging folders that a
+    writer killed mid-write left behind (called after a save, when none of ours is open)."""
     for folder in checkpoint_folders(root)[:-keep]:
         shutil.rmtree(folder, ignore_errors=True)
+    for staging in root.glob(f".{PREFIX}*"):
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def folder_name(tokens: int) -> str:

@@ -192,3 +192,45 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     trial = experiment.trial_ids()[0]
     events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
     assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigkill_while_a_checkpoint_is_being_written(tmp_path):
+    config = {
+        "task": {"name": "linreg", "dim": 400_000, "batch": 1},  # ~10 MB of state to write
+        "budget": {"horizon": 0.0002, "eval_at": []},
+        "checkpoint": {"every_windows": 40, "keep": 2},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "schedule_search.cli",
+        "train",
+        str(tmp_path / "run.yaml"),
+        "--run-dir",
+        str(run_dir),
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.monotonic() + 200
+    while True:  # the moment a checkpoint's staging folder exists, the write is under way
+        assert process.poll() is None and time.monotonic() < deadline, "no write to interrupt"
+        staging = list(checkpoints.glob(f".{ckpt.PREFIX}*")) if checkpoints.exists() else []
+        if staging and ckpt.checkpoint_folders(checkpoints):
+            break
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    complete = ckpt.checkpoint_folders(checkpoints)
+    newest_tokens = int(complete[-1].name.removeprefix(ckpt.PREFIX))
+    assert list(checkpoints.glob(f".{ckpt.PREFIX}*")), "the kill should have landed mid-write"
+
+    subprocess.run(command, check=True, capture_output=True, timeout=200)
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").open()]
+    assert events[0]["event"] == "resumed" and events[0]["tokens"] == newest_tokens
+    assert ckpt.load_latest(checkpoints)[1]["progress"]["status"] == "completed"
+    assert not list(checkpoints.glob(f".{ckpt.PREFIX}*")), "the half-written folder is cleared"
