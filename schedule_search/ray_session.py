@@ -8,7 +8,7 @@ passes a checkpoint. Rank 0 also mirrors the evaluation history into the trial's
 from __future__ import annotations
 
 import json
-import tempfile
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ import torch
 from schedule_search import checkpoint as ckpt
 from schedule_search.config import parse
 from schedule_search.train import TrainConfig, train
+
+STAGING = ".staging"
 
 
 class RaySession:
@@ -62,14 +64,17 @@ class RaySession:
             return
         history = state["progress"]["history"]
         ckpt.atomic_write_text(self.log_dir / "metrics.json", json.dumps(history, indent=1))
-        with tempfile.TemporaryDirectory() as scratch:
-            folder = Path(scratch) / "checkpoint"
-            ckpt.save_state(folder, state)
-            ray.train.report(
-                metrics,
-                checkpoint=ray.train.Checkpoint.from_directory(str(folder)),
-                checkpoint_dir_name=ckpt.folder_name(state["window"]["tokens_seen"]),
-            )
+        # Staged in the trial's folder (not /tmp): a write cut short by a kill is visible there
+        # and cleared by the next one; Ray registers a checkpoint only once it is uploaded.
+        staging = self.log_dir / STAGING
+        shutil.rmtree(staging, ignore_errors=True)
+        ckpt.save_state(staging / "checkpoint", state)
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(str(staging / "checkpoint")),
+            checkpoint_dir_name=ckpt.folder_name(state["window"]["tokens_seen"]),
+        )
+        shutil.rmtree(staging, ignore_errors=True)
 
     def save(self, state: dict[str, Any]) -> None:
         """A checkpoint between evaluations, reported with the last evaluation's metrics

@@ -160,7 +160,9 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     }
     path = write_space(tmp_path / "space.yaml", space)
     command = [sys.executable, "-m", "schedule_search.cli", "sweep", str(path), "--workers", "2"]
-    subprocess.run([*command, "--storage", str(tmp_path / "a")], check=True, capture_output=True)
+    # The reference: the same config as two local gloo processes, never killed.
+    reference = parse(TrainConfig, {**space["base"], "optimizer": {"lr": 0.003}}, "reference")
+    run_local(reference, tmp_path / "a", workers=2)
 
     sweep = subprocess.Popen(
         [*command, "--storage", str(tmp_path / "b")],
@@ -182,11 +184,8 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     os.kill(pids[-1], signal.SIGKILL)
     assert sweep.wait(timeout=300) == 0
 
-    def final(root: Path) -> dict:
-        experiment = Experiment(root)
-        return ckpt.load_latest(experiment.train_run_dir(experiment.trial_ids()[0]))[1]
-
-    a, b = final(tmp_path / "a" / "w"), final(tmp_path / "b" / "w")
+    a = ckpt.load_latest(tmp_path / "a" / "checkpoints")[1]
+    b = ckpt.load_latest(experiment.train_run_dir(experiment.trial_ids()[0]))[1]
     assert b["progress"]["status"] == "completed"
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     trial = experiment.trial_ids()[0]
@@ -234,3 +233,62 @@ def test_sigkill_while_a_checkpoint_is_being_written(tmp_path):
     assert events[0]["event"] == "resumed" and events[0]["tokens"] == newest_tokens
     assert ckpt.load_latest(checkpoints)[1]["progress"]["status"] == "completed"
     assert not list(checkpoints.glob(f".{ckpt.PREFIX}*")), "the half-written folder is cleared"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path):
+    space = {
+        "name": "c",
+        "samples": 1,
+        "seed": 0,
+        "base": {
+            "task": {"name": "linreg", "dim": 200_000, "batch": 1},  # ~5 MB of state
+            "budget": {"horizon": 0.0002, "eval_at": [0.00005, 0.0001, 0.00015]},
+        },
+        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
+        "points_to_evaluate": [{"optimizer.lr": 0.003}],
+    }
+    path = write_space(tmp_path / "space.yaml", space)
+    storage = str(tmp_path / "runs")
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "schedule_search.cli",
+            "sweep",
+            str(path),
+            "--storage",
+            storage,
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    experiment = Experiment(tmp_path / "runs" / "c")
+    deadline = time.monotonic() + 300
+    while True:  # a checkpoint is being written (staged in the trial's folder, then uploaded)
+        assert driver.poll() is None and time.monotonic() < deadline, "no write to interrupt"
+        ids = experiment.trial_ids() if experiment.root.exists() else []
+        history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
+        # From the second evaluation on, an earlier checkpoint is already registered.
+        if history and len(history) >= 2 and (experiment.trial_dir(ids[0]) / ".staging").exists():
+            break
+        time.sleep(0.002)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "schedule_search.cli", "resume", "c", "--storage", storage],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = experiment.rows(0.0002)
+    assert [r.state for r in rows] == ["completed"]
+    trial = experiment.trial_ids()[0]
+    events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
+    assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
+    assert not (experiment.trial_dir(trial) / ".staging").exists()
