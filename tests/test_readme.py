@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, load_recipe, write_recipe
@@ -18,20 +19,26 @@ def readme_example() -> str:
     return match.group(1)
 
 
-def test_readme_recipe_example_runs(tmp_path, monkeypatch, capsys):
+def recipe_file(path, n_params: int, tokens_per_reference_step: float, microbatches: int = 1):
+    """A recipe of the default training config, written as `export` writes one."""
     config = TrainConfig()
-    config.window.microbatches = 4
+    config.window.microbatches = microbatches
     spec = RecipeSpec(
         format=RECIPE_FORMAT,
         optimizer=config.optimizer,
         schedule=config.schedule,
         ema=config.ema,
         window=config.window,
-        n_params=16_384,
+        n_params=n_params,
         tokens_per_param=20.0,
-        tokens_per_reference_step=256.0,
+        tokens_per_reference_step=tokens_per_reference_step,
     )
-    write_recipe(tmp_path / "recipe.yaml", spec)
+    write_recipe(path, spec)
+    return path
+
+
+def test_readme_recipe_example_runs(tmp_path, monkeypatch, capsys):
+    recipe_file(tmp_path / "recipe.yaml", 16_384, 256.0, microbatches=4)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(readme_example(), "README.md", "exec"), namespace)
@@ -44,19 +51,8 @@ def test_readme_recipe_example_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_recipe_rescales_to_another_model_size(tmp_path):
-    config = TrainConfig()
-    spec = RecipeSpec(
-        format=RECIPE_FORMAT,
-        optimizer=config.optimizer,
-        schedule=config.schedule,
-        ema=config.ema,
-        window=config.window,
-        n_params=1000,
-        tokens_per_param=20.0,
-        tokens_per_reference_step=100.0,
-    )
-    write_recipe(tmp_path / "r.yaml", spec)
-    small, large = load_recipe(tmp_path / "r.yaml"), load_recipe(tmp_path / "r.yaml", n_params=4000)
+    path = recipe_file(tmp_path / "r.yaml", 1000, 100.0)
+    small, large = load_recipe(path), load_recipe(path, n_params=4000)
     # The same fraction of 1x Chinchilla gets the same multiplier at either size.
     for fraction in (0.01, 0.05, 0.5, 3.0):
         assert small.lr_multiplier(small.clock(fraction * 20_000)) == large.lr_multiplier(
@@ -65,25 +61,11 @@ def test_recipe_rescales_to_another_model_size(tmp_path):
 
 
 def test_window_needs_the_recipe_optimizer_first(tmp_path):
-    config = TrainConfig()
-    spec = RecipeSpec(
-        format=RECIPE_FORMAT,
-        optimizer=config.optimizer,
-        schedule=config.schedule,
-        ema=config.ema,
-        window=config.window,
-        n_params=10,
-        tokens_per_param=20.0,
-        tokens_per_reference_step=1.0,
-    )
-    write_recipe(tmp_path / "r.yaml", spec)
-    recipe = load_recipe(tmp_path / "r.yaml")
+    recipe = load_recipe(recipe_file(tmp_path / "r.yaml", 10, 1.0))
     model = torch.nn.Linear(2, 2)
-    try:
+    with pytest.raises(ValueError, match=r"recipe\.optimizer"):
         recipe.window(model)
-    except ValueError as err:
-        assert "recipe.optimizer" in str(err)
-    else:
-        raise AssertionError("expected a clear error")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert recipe.window(model, optimizer).optimizer is optimizer
+    own = recipe.optimizer(model.parameters())
+    assert recipe.window(model).optimizer is own

@@ -197,7 +197,7 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
 @pytest.mark.timeout(300)
 def test_sigkill_while_a_checkpoint_is_being_written(tmp_path):
     config = {
-        "task": {"name": "linreg", "dim": 400_000, "batch": 1},  # ~10 MB of state to write
+        "task": {"name": "linreg", "dim": 200_000, "batch": 1},  # ~5 MB of state to write
         "budget": {"horizon": 0.0002, "eval_at": []},
         "checkpoint": {"every_windows": 40, "keep": 2},
     }

@@ -94,6 +94,7 @@ BAD_FLAGS = [
     (["--concurrency", "0"], "--concurrency"),
     (["--horizon", "0"], "--horizon"),
     (["--horizon", "nan"], "--horizon"),
+    (["--horizon", "inf"], "--horizon"),
     (["--gpus-per-worker", "-1"], "--gpus-per-worker"),
     (["--seed", "one"], "--seed"),
     (["--name", "../escape"], "--name"),
