@@ -68,10 +68,9 @@ class EmaBank:
     def update(self, t1: float) -> None:
         """Fold the current weights in after an update that brought the clock to t1."""
         t0, self.clock = self.clock, t1
+        weights = [p.detach() for p in self.params]
         for frac, average in self.averages.items():
-            torch._foreach_lerp_(
-                average, [p.detach() for p in self.params], 1.0 - ema_decay(t0, t1, frac)
-            )
+            torch._foreach_lerp_(average, weights, 1.0 - ema_decay(t0, t1, frac))
 
     def weights(self, frac: float) -> list[torch.Tensor]:
         return [p.detach() for p in self.params] if frac == 0 else self.averages[frac]
