@@ -105,20 +105,26 @@ def test_window_gradient_is_big_batch_gradient_one_rank(policy):
     assert out["record"].tokens == sum(len(x) for x in out["xs"])
 
 
+def every_policy_one_window(rank: int, world: int) -> dict:
+    """One process group for all four policies: spawning is most of these tests' time."""
+    return {policy: one_window(rank, world, policy) for policy in POLICIES}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", POLICIES)
-def test_window_gradient_is_big_batch_gradient_two_ranks(policy):
-    ranks = run_ranks(one_window, 2, policy)
-    assert ranks[0]["ticks"] == ranks[1]["ticks"], "ranks must close on the same micro-batch"
-    counts = [len(r["xs"]) for r in ranks]
-    assert counts[0] != counts[1], f"ranks should accumulate different counts, got {counts}"
-    xs = ranks[0]["xs"] + ranks[1]["xs"]
-    ys = ranks[0]["ys"] + ranks[1]["ys"]
-    expected = reference_gradient(make_model(), xs, ys)
-    for r in ranks:
-        assert_same_gradient(r["grads"], expected)
-        assert r["record"].tokens == sum(len(x) for x in xs)
-        assert r["record"].microbatches == sum(counts)
+def test_window_gradient_is_big_batch_gradient_two_ranks():
+    by_rank = run_ranks(every_policy_one_window, 2)
+    for policy in POLICIES:
+        ranks = [by_rank[0][policy], by_rank[1][policy]]
+        assert ranks[0]["ticks"] == ranks[1]["ticks"], f"{policy}: ranks must close together"
+        counts = [len(r["xs"]) for r in ranks]
+        assert counts[0] != counts[1], f"{policy}: ranks should accumulate different counts"
+        xs = ranks[0]["xs"] + ranks[1]["xs"]
+        ys = ranks[0]["ys"] + ranks[1]["ys"]
+        expected = reference_gradient(make_model(), xs, ys)
+        for r in ranks:
+            assert_same_gradient(r["grads"], expected)
+            assert r["record"].tokens == sum(len(x) for x in xs), policy
+            assert r["record"].microbatches == sum(counts), policy
 
 
 def slow_rank_windows(rank: int, world: int, slow_rank: int):
@@ -140,15 +146,20 @@ def slow_rank_windows(rank: int, world: int, slow_rank: int):
     return closes, [p.detach().clone() for p in model.parameters()]
 
 
+def both_slow_ranks(rank: int, world: int) -> dict:
+    return {slow: slow_rank_windows(rank, world, slow) for slow in (0, 1)}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("slow_rank", [0, 1])
-def test_seconds_policy_with_a_slow_rank_closes_together(slow_rank):
-    (closes0, params0), (closes1, params1) = run_ranks(slow_rank_windows, 2, slow_rank)
-    assert closes0 == closes1, "both ranks close on the same micro-batch index in every window"
-    assert all(b - a >= 2 for a, b in zip([0, *closes0], closes0, strict=False))
-    for a, b in zip(params0, params1, strict=True):
-        assert torch.equal(a, b)
+def test_seconds_policy_with_a_slow_rank_closes_together():
+    by_rank = run_ranks(both_slow_ranks, 2)
+    for slow_rank in (0, 1):  # rank 0 (whose clock decides) slow, then rank 1 slow
+        (closes0, params0), (closes1, params1) = by_rank[0][slow_rank], by_rank[1][slow_rank]
+        assert closes0 == closes1, f"slow rank {slow_rank}: same closing micro-batch index"
+        assert all(b - a >= 2 for a, b in zip([0, *closes0], closes0, strict=False))
+        for a, b in zip(params0, params1, strict=True):
+            assert torch.equal(a, b)
 
 
 def test_clipping_after_normalization_matches_torch():
