@@ -197,38 +197,46 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
 @pytest.mark.timeout(300)
 def test_sigkill_while_a_checkpoint_is_being_written(tmp_path):
     config = {
-        "task": {"name": "linreg", "dim": 200_000, "batch": 1},  # ~5 MB of state to write
+        "task": {"name": "linreg", "dim": 400_000, "batch": 1},  # ~10 MB of state to write
         "budget": {"horizon": 0.0002, "eval_at": []},
         "checkpoint": {"every_windows": 40, "keep": 2},
     }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    run_dir = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "schedule_search.cli",
-        "train",
-        str(tmp_path / "run.yaml"),
-        "--run-dir",
-        str(run_dir),
-    ]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    checkpoints = run_dir / "checkpoints"
-    deadline = time.monotonic() + 200
-    while True:  # the moment a checkpoint's staging folder exists, the write is under way
-        assert process.poll() is None and time.monotonic() < deadline, "no write to interrupt"
-        staging = list(checkpoints.glob(f".{ckpt.PREFIX}*")) if checkpoints.exists() else []
-        if staging and ckpt.checkpoint_folders(checkpoints):
-            break
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    complete = ckpt.checkpoint_folders(checkpoints)
-    newest_tokens = int(complete[-1].name.removeprefix(ckpt.PREFIX))
-    assert list(checkpoints.glob(f".{ckpt.PREFIX}*")), "the kill should have landed mid-write"
 
-    subprocess.run(command, check=True, capture_output=True, timeout=200)
+    def kill_mid_write(run_dir: Path) -> bool:
+        """Start a run, SIGKILL it once a checkpoint's staging folder exists (a write under
+        way, after one complete checkpoint); True if the kill landed before the write ended."""
+        process = subprocess.Popen(
+            [*command, "--run-dir", str(run_dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        checkpoints = run_dir / "checkpoints"
+        deadline = time.monotonic() + 200
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, "no write to interrupt"
+            staging = list(checkpoints.glob(f".{ckpt.PREFIX}*")) if checkpoints.exists() else []
+            if staging and ckpt.checkpoint_folders(checkpoints):
+                break
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return bool(list(checkpoints.glob(f".{ckpt.PREFIX}*")))
+
+    command = [sys.executable, "-m", "schedule_search.cli", "train", str(tmp_path / "run.yaml")]
+    # The write takes milliseconds: a kill that arrives just after it finished is retried.
+    for attempt in range(5):
+        run_dir = tmp_path / f"run{attempt}"
+        if kill_mid_write(run_dir):
+            break
+    else:
+        pytest.fail("no kill landed during a checkpoint write in 5 attempts")
+    checkpoints = run_dir / "checkpoints"
+    newest_tokens = int(ckpt.checkpoint_folders(checkpoints)[-1].name.removeprefix(ckpt.PREFIX))
+
+    subprocess.run(
+        [*command, "--run-dir", str(run_dir)], check=True, capture_output=True, timeout=200
+    )
     events = [json.loads(x) for x in (run_dir / "events.jsonl").open()]
     assert events[0]["event"] == "resumed" and events[0]["tokens"] == newest_tokens
     assert ckpt.load_latest(checkpoints)[1]["progress"]["status"] == "completed"
