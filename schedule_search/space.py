@@ -118,10 +118,6 @@ def trial_config(space: SearchSpace, values: dict[str, Any], source: str = "spac
     return parse(TrainConfig, tree, source)
 
 
-def horizon_free(config: TrainConfig) -> bool:
-    return config.schedule.kind in ("constant", "poly")
-
-
 def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a space completely; every problem is a ConfigError naming file:key."""
     source = str(path)

@@ -310,11 +310,6 @@ class WindowAccumulator:
         self._start_window()
         return record
 
-    @property
-    def window_tokens(self) -> int:
-        """Global tokens in the open window, as of the last `begin_microbatch`."""
-        return int(self._agreed[_TOKENS])
-
     def _start_window(self) -> None:
         self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.float64)
         self._agreed = self._control.clone()

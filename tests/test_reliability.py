@@ -153,7 +153,7 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
         "base": {
             "task": {"name": "linreg", "dim": 256, "batch": 16},
             "window": {"policy": "microbatches", "microbatches": 2},
-            "budget": {"horizon": 6.0, "eval_at": [1.0, 2.0, 3.0, 4.0, 5.0]},
+            "budget": {"horizon": 12.0, "eval_at": [float(m) for m in range(1, 12)]},
         },
         "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
         "points_to_evaluate": [{"optimizer.lr": 0.003}],
@@ -175,9 +175,14 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
         assert sweep.poll() is None and time.monotonic() < deadline, "no moment to kill a worker"
         ids = experiment.trial_ids() if experiment.root.exists() else []
         history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
-        if history and len(history) >= 2:
+        uploaded = ids and ckpt.checkpoint_folders(experiment.train_run_dir(ids[0]))
+        if history and len(history) >= 2 and uploaded:
             break
         time.sleep(0.05)
+    # Ray Train registers an uploaded checkpoint at its next poll (every 0.5 s here); a kill
+    # before that restarts from scratch, correctly, and the test would show nothing.
+    time.sleep(1.0)
+    assert sweep.poll() is None, "the trial ended before a worker could be killed"
     workers = subprocess.run(["pgrep", "-f", "ray::RayTrainWorker"], capture_output=True, text=True)
     pids = [int(p) for p in workers.stdout.split()]
     assert len(pids) == 2
