@@ -160,9 +160,8 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     }
     path = write_space(tmp_path / "space.yaml", space)
     command = [sys.executable, "-m", "schedule_search.cli", "sweep", str(path), "--workers", "2"]
-    # The reference: the same config as two local gloo processes, never killed.
-    reference = parse(TrainConfig, {**space["base"], "optimizer": {"lr": 0.003}}, "reference")
-    run_local(reference, tmp_path / "a", workers=2)
+    # The reference: the same sweep, never killed.
+    subprocess.run([*command, "--storage", str(tmp_path / "a")], check=True, capture_output=True)
 
     sweep = subprocess.Popen(
         [*command, "--storage", str(tmp_path / "b")],
@@ -189,7 +188,8 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     os.kill(pids[-1], signal.SIGKILL)
     assert sweep.wait(timeout=300) == 0
 
-    a = ckpt.load_latest(tmp_path / "a" / "checkpoints")[1]
+    straight = Experiment(tmp_path / "a" / "w")
+    a = ckpt.load_latest(straight.train_run_dir(straight.trial_ids()[0]))[1]
     b = ckpt.load_latest(experiment.train_run_dir(experiment.trial_ids()[0]))[1]
     assert b["progress"]["status"] == "completed"
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
