@@ -13,6 +13,7 @@ from schedule_search.config import ConfigError
 from schedule_search.lock import experiment_lock
 
 EXIT_BAD_INPUT = 2
+DEFAULT_TRANSFER_MULTIPLES = [8.0, 16.0, 32.0]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     transfer.add_argument(
         "--to",
         type=_multiples,
-        default=[8.0, 16.0, 32.0],
-        help="horizons in Chinchilla multiples beyond the sweep's (default: 8,16,32)",
+        default=None,
+        help="horizons in Chinchilla multiples beyond the sweep's (default: 8,16,32, or "
+        "those of the transfer being resumed)",
     )
     transfer.add_argument(
         "--methods",
@@ -152,13 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=_positive_int,
         default=None,
-        help="Ray Train workers per run (default: the sweep's)",
+        help="Ray Train workers per run (default: the sweep's, or the resumed transfer's); "
+        "micro-batches per window are rescaled to keep the recipe's tokens per step",
     )
     transfer.add_argument(
         "--concurrency",
         type=_positive_int,
         default=None,
-        help="runs at once (default: the sweep's)",
+        help="runs at once (default: the sweep's, or the resumed transfer's)",
     )
     _add_storage(transfer)
     transfer.set_defaults(handler=_transfer)
@@ -167,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("resume", _resume, "continue a killed or stopped sweep"),
         ("status", _status, "a table of the sweep's trials"),
         ("export", _export, "write the best trial's config as a recipe"),
+        ("report", _report, "a markdown report with plots and TensorBoard files of the sweep"),
     ):
         sub = verbs.add_parser(verb, help=text)
         sub.add_argument("name", type=_name, help="experiment name (a folder under --storage)")
@@ -317,22 +321,29 @@ def _print_table(experiment) -> None:
 
 def _transfer(args: argparse.Namespace) -> int:
     import dataclasses
+    import json
 
     from schedule_search.experiment import Experiment
-    from schedule_search.transfer import METHODS, plan, recipe_config, run_transfer
+    from schedule_search.transfer import METHODS, plan, run_transfer, transfer_base
 
     sweep = Experiment.named(args.name, args.storage)
     settings = sweep.settings()
-    if args.workers:
-        settings = dataclasses.replace(settings, workers=args.workers)
-    if args.concurrency:
-        settings = dataclasses.replace(settings, concurrency=args.concurrency)
-    base, _ = recipe_config(sweep)
-    horizons = sorted({base.budget.horizon, *args.to})
-    methods = args.methods or list(METHODS)
+    # A resumed transfer runs as it was launched, unless a flag says otherwise.
+    launched = sweep.root / "transfer" / "plan.json"
+    before = json.loads(launched.read_text()) if launched.exists() else {}
+    workers = args.workers or before.get("workers")
+    concurrency = args.concurrency or before.get("concurrency")
+    if workers:
+        settings = dataclasses.replace(settings, workers=workers)
+    if concurrency:
+        settings = dataclasses.replace(settings, concurrency=concurrency)
+    base, _ = transfer_base(sweep, settings.workers)
+    targets = args.to or before.get("to") or DEFAULT_TRANSFER_MULTIPLES
+    horizons = sorted({base.budget.horizon, *targets})
+    methods = args.methods or before.get("methods") or list(METHODS)
     plan(base, horizons, methods)  # every run's config is valid before Ray starts
     with experiment_lock(sweep.root, "transfer"):
-        resume = (sweep.root / "transfer" / "plan.json").exists()
+        resume = launched.exists()
         root = run_transfer(sweep, settings, horizons, methods, resume)
     print((root / "transfer.md").read_text())
     print(f"table, JSON and plots in {root}")
@@ -358,6 +369,24 @@ def _export(args: argparse.Namespace) -> int:
     print(
         f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x -> {output}"
     )
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from schedule_search.experiment import Experiment
+    from schedule_search.optuna_study import write_optuna_mirror
+    from schedule_search.space import load_space
+    from schedule_search.sweep_report import write_sweep_report
+
+    experiment = Experiment.named(args.name, args.storage)
+    experiment.settings()
+    # The table and the Optuna journal are refreshed first: a running or killed sweep has
+    # not written them since its trials last moved.
+    horizon = _horizon(experiment)
+    experiment.write_table(horizon)
+    write_optuna_mirror(experiment, load_space(experiment.root / "space.yaml"))
+    path = write_sweep_report(experiment, horizon)
+    print(f"report: {path}")
     return 0
 
 

@@ -8,13 +8,16 @@ passes a checkpoint. Rank 0 also mirrors the evaluation history into the trial's
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
+import ray
 import ray.train
 import ray.train.torch
+import ray.util
 import torch
 
 from schedule_search import checkpoint as ckpt
@@ -83,9 +86,24 @@ class RaySession:
             self.report(self._last_metrics, state)
 
 
+def record_placement(log_dir: Path, rank: int) -> None:
+    """Each rank writes where it runs (`workers/rank-<r>.json`): on a cluster, which node
+    each trial's workers landed on."""
+    context = ray.get_runtime_context()
+    placement = {
+        "rank": rank,
+        "node_id": context.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+    }
+    ckpt.atomic_write_text(log_dir / "workers" / f"rank-{rank}.json", json.dumps(placement))
+
+
 def worker_loop(loop_config: dict[str, Any]) -> None:
     """What each Ray Train worker runs."""
     config = parse(TrainConfig, loop_config["config"], loop_config["source"])
     log_dir = Path(loop_config["log_dir"])
     log_dir.mkdir(parents=True, exist_ok=True)
-    train(config, RaySession(log_dir), loop_config["source"])
+    session = RaySession(log_dir)
+    record_placement(log_dir, session.rank)
+    train(config, session, loop_config["source"])

@@ -20,7 +20,7 @@ from schedule_search.train import TrainConfig
 from schedule_search.transfer import TransferPlan, histories, loss_at
 
 
-def _save_figure(figure: plt.Figure, path: Path) -> None:
+def save_figure(figure: plt.Figure, path: Path) -> None:
     import io
 
     buffer = io.BytesIO()
@@ -136,7 +136,7 @@ def _plot_losses(path: Path, plan: TransferPlan, runs: dict, table: dict) -> Non
     axis.set_ylabel("validation loss")
     axis.legend()
     axis.grid(alpha=0.3)
-    _save_figure(figure, path)
+    save_figure(figure, path)
 
 
 def _plot_lrs(path: Path, plan: TransferPlan, base: TrainConfig) -> None:
@@ -167,4 +167,4 @@ def _plot_lrs(path: Path, plan: TransferPlan, base: TrainConfig) -> None:
     axis.set_ylabel("learning rate")
     axis.legend()
     axis.grid(alpha=0.3)
-    _save_figure(figure, path)
+    save_figure(figure, path)

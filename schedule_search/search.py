@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +19,8 @@ from typing import Any
 
 from schedule_search.config import to_dict
 from schedule_search.experiment import Experiment, SweepSettings, train_run_name
+from schedule_search.optuna_study import optuna_distributions, write_optuna_mirror
+from schedule_search.progress import METRIC, LiveView
 from schedule_search.space import SearchSpace, load_space, trial_config, uses_asha
 from schedule_search.train import TrainConfig
 
@@ -42,8 +43,6 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from schedule_search.ray_session import worker_loop
-
-METRIC = "val_loss"
 
 
 class SpaceTrials:
@@ -110,16 +109,19 @@ class TrialRecorder(tune.Callback):
     """Writes each trial's end (completed, stopped early, diverged, error) into its folder, as
     soon as it happens: a durable record that does not wait for Tune's next snapshot."""
 
-    def __init__(self, experiment: Experiment, progress: Progress) -> None:
+    def __init__(self, experiment: Experiment, progress: LiveView) -> None:
         self.experiment = experiment
         self.progress = progress
         self.started: dict[str, float] = {}
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started[trial.trial_id] = time.monotonic()
+        history = self.experiment.read_trial_json(trial.trial_id, "metrics.json") or []
+        resumed_from = history[-1]["chinchilla"] if history else 0.0
+        self.progress.started(trial.trial_id, trial.config, resumed_from)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self.progress.result(trial.trial_id, result)
+        self.progress.result(trial.trial_id, trial.config, result)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
@@ -129,67 +131,27 @@ class TrialRecorder(tune.Callback):
             state, reason = "completed", ""
         else:
             state, reason = "stopped", "stopped early by ASHA"
-        self._record(trial.trial_id, state, reason, result)
+        self._record(trial, state, reason, result)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._record(
-            trial.trial_id, "error", str(trial.error_file or "error"), trial.last_result or {}
-        )
+        self._record(trial, "error", str(trial.error_file or "error"), trial.last_result or {})
 
-    def _record(self, trial_id: str, state: str, reason: str, result: dict) -> None:
+    def _record(self, trial, state: str, reason: str, result: dict) -> None:
+        trial_id = trial.trial_id
         started = self.started.pop(trial_id, None)
         earlier = self.experiment.read_trial_json(trial_id, "result.json")
         if earlier is not None and earlier.get("state") == state:
-            self.progress.finished(trial_id, state, result)
+            self.progress.finished(trial_id, trial.config, state)
             return  # recorded before a restart: keep the original record
         record = {"state": state, "reason": reason, "val_loss": result.get(METRIC)}
         if started is not None:  # seconds this driver saw the trial run (this attempt)
             record["trial_s"] = time.monotonic() - started
         self.experiment.write_trial_json(trial_id, "result.json", record)
-        self.progress.finished(trial_id, state, result)
-
-
-class Progress:
-    """One readable line per event; Tune's own tables are turned off."""
-
-    def __init__(self, samples: int) -> None:
-        self.samples = samples
-        self.done = 0
-        self.best = math.inf
-
-    def result(self, trial_id: str, result: dict) -> None:
-        loss = result.get(METRIC, math.nan)
-        if math.isfinite(loss):
-            self.best = min(self.best, loss)
-        print(
-            f"  trial {trial_id}: {result.get('chinchilla', 0):g}x  val_loss {loss:.4f}  "
-            f"{result.get('tokens_per_s', 0):,.0f} tok/s  (best so far {self.best:.4f})",
-            flush=True,
-        )
-
-    def finished(self, trial_id: str, state: str, result: dict) -> None:
-        self.done += 1
-        print(f"trial {trial_id} {state} [{self.done}/{self.samples} finished]", flush=True)
-
-
-def _distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
-    distributions: dict[str, optuna.distributions.BaseDistribution] = {}
-    for key, p in space.params.items():
-        if p.type == "choice":
-            distributions[key] = optuna.distributions.CategoricalDistribution(p.values)
-        elif p.type == "int":
-            distributions[key] = optuna.distributions.IntDistribution(
-                int(p.low), int(p.high), log=p.log
-            )
-        else:
-            distributions[key] = optuna.distributions.FloatDistribution(
-                p.low, p.high, log=p.log or p.type == "loguniform"
-            )
-    return distributions
+        self.progress.finished(trial_id, trial.config, state)
 
 
 def _searcher(space: SearchSpace) -> OptunaSearch:
-    distributions = _distributions(space)
+    distributions = optuna_distributions(space)
     multi = len(space.objectives) > 1
     return OptunaSearch(
         space=distributions,
@@ -243,51 +205,13 @@ def sweep(
     )
     resolve = SpaceTrials(space, settings.space_path)
     with ray_session(settings):
-        run_tune(experiment, settings, resolve, tune_config, None, settings.samples, resume)
+        progress = LiveView(
+            settings.samples, settings.samples * horizon, lambda params: (0.0, horizon)
+        )
+        run_tune(experiment, settings, resolve, tune_config, None, progress, resume)
     experiment.write_table(horizon)
     write_optuna_mirror(experiment, space)
     return experiment
-
-
-def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
-    """The trials as an Optuna study in a journal file (`optuna.journal`), so Optuna's tools
-    (optuna-dashboard, `optuna.load_study`) can read a sweep. Written from the durable trial
-    records, never the searcher's live state (RAY_NOTES: a live database can get ahead of a
-    restored Tune snapshot). Trials stopped early keep their partial loss, marked by the
-    `state` and `chinchilla` user attributes."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-    from optuna.trial import TrialState, create_trial
-
-    path = experiment.root / "optuna.journal"
-    scratch = path.with_name(f".{path.name}.tmp")
-    scratch.unlink(missing_ok=True)
-    storage = JournalStorage(JournalFileBackend(str(scratch)))
-    directions = ["minimize"] * len(space.objectives)
-    study = optuna.create_study(study_name=space.name, storage=storage, directions=directions)
-    distributions = _distributions(space)
-    base = trial_config(space, {})
-    for row in experiment.rows(base.budget.horizon):
-        if row.state in ("running", "pending"):
-            continue
-        values = [row.val_loss, row.wall_s][: len(space.objectives)]
-        ok = row.state in ("completed", "stopped") and all(math.isfinite(v) for v in values)
-        study.add_trial(
-            create_trial(
-                state=TrialState.COMPLETE if ok else TrialState.FAIL,
-                values=values if ok else None,
-                params=row.params,
-                distributions={k: distributions[k] for k in row.params if k in distributions},
-                user_attrs={
-                    "trial_id": row.trial_id,
-                    "state": row.state,
-                    "chinchilla": row.chinchilla,
-                    "reason": row.reason,
-                },
-            )
-        )
-    os.replace(scratch, path)
-    return path
 
 
 def _known_trial_ids(experiment: Experiment) -> set[str]:
@@ -297,6 +221,16 @@ def _known_trial_ids(experiment: Experiment) -> set[str]:
         return set()
     snapshot = json.loads(states[-1].read_text())
     return {json.loads(entry[0])["trial_id"] for entry in snapshot["trial_data"]}
+
+
+def _trial_driver_resources() -> dict[str, float]:
+    """What a trial's driver (not its workers) reserves. Tune refuses a trial of no resources:
+    a local Ray is started with `trial_slot` resources (one per concurrent trial); a cluster
+    that declares them (`ray start --resources '{"trial_slot": K}'`) is used the same way, and
+    on one that does not, a trial reserves a hundredth of a CPU."""
+    if ray.cluster_resources().get("trial_slot", 0) >= 1:
+        return {"cpu": 0, "trial_slot": 1}
+    return {"cpu": 0.01}
 
 
 @contextlib.contextmanager
@@ -315,15 +249,14 @@ def run_tune(
     resolve: Callable[[dict[str, Any], str], TrainConfig],
     tune_config: tune.TuneConfig,
     param_space: dict[str, Any] | None,
-    total: int,
+    progress: LiveView,
     resume: bool,
 ) -> None:
     """Run (or restore and continue) one Tune experiment of core-trainer trials."""
     driver = tune.with_parameters(
         run_trial, settings=settings, resolve=resolve, root=str(experiment.root)
     )
-    slot = {"cpu": 0, "trial_slot": 1} if not settings.address else {"cpu": 0.01}
-    driver = tune.with_resources(driver, slot)
+    driver = tune.with_resources(driver, _trial_driver_resources())
     if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
         orphans = experiment.reconcile(_known_trial_ids(experiment))
         if orphans:
@@ -345,7 +278,7 @@ def run_tune(
                 name=experiment.tune_dir.name,
                 storage_path=str(experiment.root),
                 failure_config=tune.FailureConfig(max_failures=settings.max_failures),
-                callbacks=[TrialRecorder(experiment, Progress(total))],
+                callbacks=[TrialRecorder(experiment, progress)],
                 verbose=0,
             ),
         )

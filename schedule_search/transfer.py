@@ -61,6 +61,26 @@ def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str]:
     return parse(TrainConfig, record["config"], f"trial {trial_id}"), trial_id
 
 
+def transfer_base(sweep: Experiment, workers: int) -> tuple[TrainConfig, str]:
+    """The recipe's config for runs on `workers` workers. A window of micro-batches is counted
+    per rank, so on another number of workers it is rescaled to keep the recipe's tokens per
+    optimizer step (its batch size, which its LR was tuned for)."""
+    base, trial_id = recipe_config(sweep)
+    tuned_on = sweep.settings().workers
+    if workers == tuned_on or base.window.policy != "microbatches":
+        return base, trial_id
+    total = base.window.microbatches * tuned_on
+    if total % workers:
+        raise ConfigError(
+            f"--workers {workers}: the recipe steps every {total} micro-batches "
+            f"({base.window.microbatches} per rank on {tuned_on} workers), which {workers} "
+            "workers cannot split evenly"
+        )
+    tree = to_dict(base)
+    tree["window"]["microbatches"] = total // workers
+    return parse(TrainConfig, tree, f"trial {trial_id} on {workers} workers"), trial_id
+
+
 def _sweep_horizon(sweep: Experiment) -> float:
     from schedule_search.space import load_space, trial_config
 
@@ -175,14 +195,24 @@ def run_transfer(
 
     from schedule_search.search import ray_session, run_tune
 
-    base, trial_id = recipe_config(sweep)
+    base, trial_id = transfer_base(sweep, settings.workers)
     plan_ = plan(base, horizons, methods)
     root = sweep.root / "transfer"
     phases = [Experiment(root / "phase1"), Experiment(root / "phase2")]
     root.mkdir(parents=True, exist_ok=True)
     ckpt.atomic_write_text(
         root / "plan.json",
-        json.dumps({"recipe_trial": trial_id, "horizons": horizons, "methods": methods}, indent=1),
+        json.dumps(
+            {
+                "recipe_trial": trial_id,
+                "horizons": horizons,
+                "to": [h for h in horizons if h != base.budget.horizon],
+                "methods": methods,
+                "workers": settings.workers,
+                "concurrency": settings.concurrency,
+            },
+            indent=1,
+        ),
     )
     with ray_session(settings):
         first = phases[0]
@@ -195,7 +225,7 @@ def run_transfer(
                 PlannedRuns(plan_.runs),
                 tune.TuneConfig(max_concurrent_trials=settings.concurrency),
                 {"run": tune.grid_search(names)},
-                len(names),
+                _live_view({n: (0.0, plan_.runs[n]["budget"]["horizon"]) for n in names}),
                 resume,
             )
         if plan_.branches:
@@ -211,13 +241,22 @@ def run_transfer(
                 PlannedRuns(branch_runs),
                 tune.TuneConfig(max_concurrent_trials=settings.concurrency),
                 {"run": tune.grid_search(list(branch_runs))},
-                len(branch_runs),
+                _live_view({n: (WSD_BRANCH * h, h) for n, h in plan_.branches.items()}),
                 resume or phases[1].tune_dir.exists(),
             )
     from schedule_search.report import write_transfer_report
 
     write_transfer_report(root, plan_, phases, base)
     return root
+
+
+def _live_view(spans: dict[str, tuple[float, float]]):
+    """The progress view of one phase: its runs and the Chinchilla multiples each trains over."""
+    from schedule_search.progress import LiveView
+
+    return LiveView(
+        len(spans), sum(end - start for start, end in spans.values()), lambda p: spans[p["run"]]
+    )
 
 
 def _horizon_of(experiment: Experiment, trial_id: str, base: TrainConfig) -> dict[str, Any]:

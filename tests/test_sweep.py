@@ -67,6 +67,10 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(tmp_p
     done = cli("resume", "lin", "--storage", str(storage))
     assert done.returncode == 0, done.stderr[-3000:]
     experiment = Experiment(storage / "lin")
+    # The live view: a status line after every event, ending with every trial ended.
+    status = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    assert status and all("| best " in line and "ETA" in line for line in status[1:]), status
+    assert "0 running" in status[-1] and "0 waiting" in status[-1], status[-1]
     rows = experiment.rows(4.0)
     assert len(rows) == 4
     assert all(r.state in ("completed", "stopped") for r in rows), [
@@ -100,6 +104,56 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(tmp_p
         assert record["lr"] == recipe.peak_lr * recipe.lr_multiplier(recipe.clock(tokens))
         tokens += record["tokens"]
     assert len(windows) > 50
+
+    reported = cli("report", "lin", "--storage", str(storage))
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    check_report(experiment, best.trial_id, windows)
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def check_report(experiment: Experiment, best: str, best_windows: list[dict]) -> None:
+    report = experiment.root / "report"
+    text = (report / "report.md").read_text()
+    assert best in text.split("## Best trials", 1)[1].split("##", 1)[0]
+    for name in (
+        "loss_vs_tokens.png",
+        "lr_ema.png",
+        "windows.png",
+        "importance.png",
+        "parallel_coords.png",
+    ):
+        data = (report / name).read_bytes()
+        assert data[:8] == PNG and len(data) > 5000, name
+        assert f"]({name})" in text, name
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        assert width > 300 and height > 200, (name, width, height)
+    # TensorBoard: one folder per trial; the best trial's window losses read back exactly.
+    folders = sorted(p.name for p in (report / "tensorboard").iterdir())
+    assert folders == sorted(experiment.trial_ids())
+    scalars = read_event_scalars(report / "tensorboard" / best)
+    assert [v for _, v in scalars["window/loss"]] == pytest.approx(
+        [w["loss"] for w in best_windows], rel=1e-6
+    )
+    history = experiment.read_trial_json(best, "metrics.json")
+    assert [step for step, _ in scalars["eval/val_loss"]] == [h["tokens"] for h in history]
+
+
+def read_event_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard's record framing (length, CRC, event proto, CRC), read without TensorBoard."""
+    from tensorboardX.proto import event_pb2
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            length = int.from_bytes(data[offset : offset + 8], "little")
+            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
 
 
 def trial_records(experiment: Experiment) -> dict[str, dict]:

@@ -101,7 +101,9 @@ def test_small_transfer_on_linreg(tmp_path):
         done = subprocess.run([*cli, *args, "--storage", storage], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
 
-    run("sweep", str(tmp_path / "space.yaml"), "--workers", "1")
+    # Tuned on 2 workers, transferred on 1 (below): the window is rescaled to keep the
+    # recipe's tokens per optimizer step.
+    run("sweep", str(tmp_path / "space.yaml"), "--workers", "2")
 
     # SIGKILL during export, at moments spread over its run: the recipe is never half written.
     recipe = tmp_path / "runs" / "lt" / "recipe.yaml"
@@ -117,6 +119,14 @@ def test_small_transfer_on_linreg(tmp_path):
         if recipe.exists():
             load_recipe(recipe)  # complete, or it would not load
     run("export", "lt")
+    uneven = subprocess.run(
+        [*cli, "transfer", "lt", "--workers", "3", "--storage", storage],
+        capture_output=True,
+        text=True,
+    )
+    assert uneven.returncode == 2 and len(uneven.stderr.strip().splitlines()) == 1
+    assert "--workers 3: the recipe steps every 4 micro-batches" in uneven.stderr
+    assert not (tmp_path / "runs" / "lt" / "transfer").exists()  # nothing launched
 
     # SIGKILL of the transfer's driver (and its Ray) once some runs have finished; run it again.
     transfer = [
@@ -169,6 +179,11 @@ def test_small_transfer_on_linreg(tmp_path):
 
     second = Experiment(root / "phase2")
     names = run_names(first)
+    for trial_id in names.values():
+        config = first.read_trial_json(trial_id, "config.json")["config"]
+        assert config["window"]["microbatches"] == 4  # 2 per rank on 2 workers -> 4 on 1
+    windows = [json.loads(x) for x in (first.trial_dir(names["recipe"]) / "windows.jsonl").open()]
+    assert {w["tokens"] for w in windows} == {4 * 16}
     assert len(names) == 2 + 6  # recipe, constant, 3 LRs x 2 horizons
     for h in ("1", "2"):  # the envelope is the best cosine at its own horizon, read back here
         finals = [

@@ -1,0 +1,86 @@
+"""A sweep on an existing multi-node Ray cluster: two Ray nodes on this machine (a head and a
+second raylet, as `ray start` makes them), the CLI connected with --address, storage on a path
+both nodes share. A trial's two workers cannot fit on one node, so they land on both."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from ray.cluster_utils import Cluster
+
+from schedule_search.experiment import Experiment
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SPACE = {
+    "name": "multinode",
+    "samples": 2,
+    "seed": 0,
+    "scheduler": "fifo",
+    "base": {
+        "task": {"name": "linreg", "dim": 64, "batch": 16},
+        "optimizer": {"name": "sgd", "lr": 0.05},
+        "schedule": {"kind": "poly", "alpha": 0.05, "warmup": 0.05},
+        "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
+        "window": {"policy": "microbatches", "microbatches": 2},
+        "budget": {"horizon": 1.0, "eval_at": [0.5]},
+    },
+    "params": {"optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 0.3}},
+}
+
+
+@pytest.fixture
+def two_node_cluster():
+    # One CPU a node: a trial of two 1-CPU workers needs both. The head declares one trial
+    # slot, as the README's `ray start --head --resources` does.
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "resources": {"trial_slot": 1}, "include_dashboard": True},
+    )
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def test_sweep_on_a_two_node_cluster_spreads_a_trials_workers(tmp_path, two_node_cluster):
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE))
+    storage = tmp_path / "shared"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedule_search.cli",
+            "sweep",
+            str(space),
+            "--workers",
+            "2",
+            "--storage",
+            str(storage),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "RAY_ADDRESS": two_node_cluster.address},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    experiment = Experiment(storage / "multinode")
+    assert json.loads((experiment.root / "sweep.json").read_text())["address"] == (
+        two_node_cluster.address
+    )
+    nodes = {node.node_id for node in [two_node_cluster.head_node, *two_node_cluster.worker_nodes]}
+    rows = experiment.rows(1.0)
+    assert len(rows) == 2 and all(r.state == "completed" for r in rows), rows
+    for trial_id in experiment.trial_ids():
+        placements = [
+            json.loads(path.read_text())
+            for path in sorted((experiment.trial_dir(trial_id) / "workers").glob("rank-*.json"))
+        ]
+        assert [p["rank"] for p in placements] == [0, 1]
+        assert {p["node_id"] for p in placements} == nodes, placements
