@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench lint clean sweep resume status export transfer
+.PHONY: install test bench lint clean sweep resume status export transfer report
 
 # The embedded default sweep: tinylm on Python's stdlib sources, local Ray, 2 workers a trial.
 NAME ?= default
@@ -40,6 +40,10 @@ export: install
 # Prove the exported recipe at 8x-32x against a per-horizon cosine envelope and WSD.
 transfer: install
 	$(CLI) transfer $(NAME)
+
+# runs/$(NAME)/report/: markdown, plots, Optuna's views, TensorBoard event files.
+report: install
+	$(CLI) report $(NAME)
 
 bench: install
 	$(PY) bench/core.py

@@ -13,6 +13,7 @@ from schedule_search.config import ConfigError
 from schedule_search.lock import experiment_lock
 
 EXIT_BAD_INPUT = 2
+EXIT_UNFINISHED = 1
 DEFAULT_TRANSFER_MULTIPLES = [8.0, 16.0, 32.0]
 
 
@@ -324,7 +325,7 @@ def _transfer(args: argparse.Namespace) -> int:
     import json
 
     from schedule_search.experiment import Experiment
-    from schedule_search.transfer import METHODS, plan, run_transfer, transfer_base
+    from schedule_search.transfer import METHODS, Unfinished, plan, run_transfer, transfer_base
 
     sweep = Experiment.named(args.name, args.storage)
     settings = sweep.settings()
@@ -344,7 +345,11 @@ def _transfer(args: argparse.Namespace) -> int:
     plan(base, horizons, methods)  # every run's config is valid before Ray starts
     with experiment_lock(sweep.root, "transfer"):
         resume = launched.exists()
-        root = run_transfer(sweep, settings, horizons, methods, resume)
+        try:
+            root = run_transfer(sweep, settings, horizons, methods, resume)
+        except Unfinished as err:
+            print(f"transfer stopped: {err}; `transfer {args.name}` resumes it", file=sys.stderr)
+            return EXIT_UNFINISHED
     print((root / "transfer.md").read_text())
     print(f"table, JSON and plots in {root}")
     return 0
@@ -380,13 +385,12 @@ def _report(args: argparse.Namespace) -> int:
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
-    # The table and the Optuna journal are refreshed first: a running or killed sweep has
-    # not written them since its trials last moved.
-    horizon = _horizon(experiment)
-    experiment.write_table(horizon)
-    write_optuna_mirror(experiment, load_space(experiment.root / "space.yaml"))
-    path = write_sweep_report(experiment, horizon)
-    print(f"report: {path}")
+    space = load_space(experiment.root / "space.yaml")
+    # The table and the Optuna journal first: a running or killed sweep has not written them
+    # since its trials last moved.
+    experiment.write_table(_horizon(experiment))
+    write_optuna_mirror(experiment, space)
+    print(f"report: {write_sweep_report(experiment, space)}")
     return 0
 
 

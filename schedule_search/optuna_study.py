@@ -11,6 +11,9 @@ import optuna
 from schedule_search.experiment import Experiment
 from schedule_search.space import SearchSpace, trial_config
 
+# Optuna's INFO lines ("a new study created") would interleave with the sweep's live view.
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
 
 def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
     distributions: dict[str, optuna.distributions.BaseDistribution] = {}

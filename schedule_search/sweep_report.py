@@ -1,7 +1,7 @@
 """`schedule-search report NAME`: a markdown report with plots of a sweep, from its folder.
 
-Everything is read from the durable records (trials/<id>/metrics.json and windows.jsonl,
-optuna.journal), so a report can be made while a sweep runs or after it died, without Ray.
+Everything is read from the durable records (trials/<id>/config.json, metrics.json and
+windows.jsonl), so a report can be made while a sweep runs or after it died, without Ray.
 Written into `runs/<name>/report/`:
 
     report.md              best trials, then every figure below with what it shows
@@ -29,9 +29,12 @@ import matplotlib.pyplot as plt
 
 from schedule_search.checkpoint import atomic_write_text
 from schedule_search.experiment import Experiment, TrialRow
+from schedule_search.optuna_study import optuna_distributions
 from schedule_search.report import save_figure
+from schedule_search.space import SearchSpace, trial_config
 
 TOP = 5
+SMOOTHING = 25
 
 
 def read_windows(path: Path) -> list[dict[str, Any]]:
@@ -133,13 +136,23 @@ def _plot_lr_ema(path: Path, experiment: Experiment, rows: list[TrialRow], best:
     save_figure(figure, path)
 
 
+def _rolling_mean(values: list[float], n: int) -> list[float]:
+    """Mean over the last `n` values (fewer at the start): per-window tokens/s is too noisy to
+    read raw at millisecond windows."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - n] if i >= n else 0.0)
+        out.append(total / min(i + 1, n))
+    return out
+
+
 def _plot_windows(path: Path, experiment: Experiment, rows: list[TrialRow], best: str) -> None:
     figure, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
     panels = (
         ("microbatches", "micro-batches per window"),
         ("tokens", "tokens per window"),
         ("grad_norm", "grad norm (before clipping)"),
-        ("tokens_per_s", "tokens/s"),
+        ("tokens_per_s", f"tokens/s (mean over {SMOOTHING} windows)"),
     )
     for r in rows:
         windows = read_windows(experiment.trial_dir(r.trial_id) / "windows.jsonl")
@@ -148,9 +161,10 @@ def _plot_windows(path: Path, experiment: Experiment, rows: list[TrialRow], best
         start = windows[0]["wall_time"] - windows[0]["seconds"]
         elapsed = [w["wall_time"] - start for w in windows]
         for axis, (key, _) in zip(axes.flat, panels, strict=True):
+            values = [w[key] for w in windows]
             axis.plot(
                 elapsed,
-                [w[key] for w in windows],
+                _rolling_mean(values, SMOOTHING) if key == "tokens_per_s" else values,
                 label=r.trial_id,
                 linewidth=1.5 if r.trial_id == best else 0.7,
                 alpha=1.0 if r.trial_id == best else 0.6,
@@ -166,39 +180,56 @@ def _plot_windows(path: Path, experiment: Experiment, rows: list[TrialRow], best
     save_figure(figure, path)
 
 
-def _optuna_figures(report_dir: Path, journal: Path) -> dict[str, str]:
-    """Optuna's importance and parallel-coordinates plots; a reason instead where the study
-    cannot support one (fewer than two finished trials, or no spread in the objective)."""
+def common_multiple(histories: dict[str, list[dict[str, Any]]]) -> float | None:
+    """The largest Chinchilla multiple at which every trial was evaluated: the one point where
+    trials stopped early and trials that ran on compare like for like."""
+    reached = [{h["chinchilla"] for h in history} for history in histories.values() if history]
+    shared = set.intersection(*reached) if reached else set()
+    return max(shared) if shared else None
+
+
+def _optuna_figures(
+    report_dir: Path, experiment: Experiment, space: SearchSpace
+) -> tuple[dict[str, str], float | None]:
+    """Optuna's importance and parallel-coordinates plots of an in-memory study whose values
+    are the losses at the common multiple (a trial stopped at 1x and one that ran to 4x are
+    compared at 1x). A reason instead of a plot where the trials cannot support one."""
     import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.trial import create_trial
     from optuna.visualization import matplotlib as optuna_plots
 
-    done: dict[str, str] = {}
-    if not journal.is_file():
-        return {"importance.png": "no optuna.journal", "parallel_coords.png": "no optuna.journal"}
-    storage = JournalStorage(JournalFileBackend(str(journal)))
-    study = optuna.load_study(study_name=None, storage=storage)
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    target = (lambda t: t.values[0]) if len(study.directions) > 1 else None
-    target_name = "val_loss"
-    for name, draw in (
-        ("importance.png", optuna_plots.plot_param_importances),
-        ("parallel_coords.png", optuna_plots.plot_parallel_coordinate),
+    histories = {
+        t: experiment.read_trial_json(t, "metrics.json") or [] for t in experiment.trial_ids()
+    }
+    multiple = common_multiple(histories)
+    distributions = optuna_distributions(space)
+    study = optuna.create_study(direction="minimize")
+    for trial_id, history in histories.items():
+        loss = next((h["val_loss"] for h in history if h["chinchilla"] == multiple), math.nan)
+        params = (experiment.read_trial_json(trial_id, "config.json") or {}).get("params", {})
+        if math.isfinite(loss) and set(params) == set(distributions):
+            study.add_trial(create_trial(value=loss, params=params, distributions=distributions))
+    reasons: dict[str, str] = {}
+    for name, draw, size in (
+        ("importance.png", optuna_plots.plot_param_importances, (8, 4.5)),
+        ("parallel_coords.png", optuna_plots.plot_parallel_coordinate, (12, 5)),
     ):
-        if len(complete) < 2:
-            done[name] = f"needs two finished trials, the study has {len(complete)}"
+        if len(study.trials) < 2:
+            reasons[name] = (
+                f"needs two trials evaluated at a common multiple, has {len(study.trials)}"
+            )
             continue
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "experimental" notices
-                axis = draw(study, target=target, target_name=target_name)
-            figure = axis.figure if hasattr(axis, "figure") else axis[0].figure
-            save_figure(figure, report_dir / name)
-            done[name] = ""
+                warnings.simplefilter("ignore")  # Optuna's "experimental" notices
+                axis = draw(study, target_name=f"val_loss at {multiple:g}x")
         except (RuntimeError, ValueError, ZeroDivisionError) as err:
-            done[name] = f"Optuna could not draw it: {err}"
-    return done
+            reasons[name] = f"Optuna could not draw it: {err}"
+            continue
+        axis.figure.set_size_inches(*size)
+        save_figure(axis.figure, report_dir / name)
+        reasons[name] = ""
+    return reasons, multiple
 
 
 def write_tensorboard(experiment: Experiment, out: Path) -> list[Path]:
@@ -227,86 +258,83 @@ def write_tensorboard(experiment: Experiment, out: Path) -> list[Path]:
     return folders
 
 
-def write_sweep_report(experiment: Experiment, horizon: float) -> Path:
-    """Write the report of the sweep in `experiment`; returns the path of report.md."""
-    report_dir = experiment.root / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in experiment.rows(horizon) if r.chinchilla > 0]
-    ranked = _ranked(rows)
-    best = ranked[0].trial_id if ranked else ""
-    lines = [f"# Sweep `{experiment.root.name}`", ""]
+FIGURES = (  # file, title, what it shows ({m}: the common multiple of the Optuna views)
+    (
+        "loss_vs_tokens.png",
+        "Loss versus tokens",
+        "The objective of every trial at each evaluation; the best trial is drawn thick. "
+        "Trials ASHA stopped end early.",
+    ),
+    (
+        "lr_ema.png",
+        "LR and EMA curves",
+        "Left: the LR each window stepped with. Right: the best trial's raw weights against "
+        "each of its EMAs.",
+    ),
+    (
+        "windows.png",
+        "Window statistics",
+        "Micro-batches and tokens per optimizer step, the gradient norm before clipping, and "
+        "throughput, over each trial's time.",
+    ),
+    (
+        "importance.png",
+        "Parameter importance (Optuna, fANOVA)",
+        "How much of the spread of the loss at {m}x each parameter explains; {m}x is the "
+        "largest multiple every trial reached, so trials stopped early compare like for like.",
+    ),
+    (
+        "parallel_coords.png",
+        "Parallel coordinates (Optuna)",
+        "Every trial's parameters, coloured by its loss at {m}x.",
+    ),
+)
+
+
+def _summary(experiment: Experiment, horizon: float) -> str:
     states: dict[str, int] = {}
     for r in experiment.rows(horizon):
         states[r.state] = states.get(r.state, 0) + 1
-    lines.append(
-        f"{sum(states.values())} trials ("
-        + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-        + f"); objective: validation loss at {horizon:g}x Chinchilla."
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    return (
+        f"{sum(states.values())} trials ({counts}); objective: validation loss at "
+        f"{horizon:g}x Chinchilla."
     )
+
+
+def write_sweep_report(experiment: Experiment, space: SearchSpace) -> Path:
+    """Write the report of the sweep in `experiment`; returns the path of report.md."""
+    horizon = trial_config(space, {}).budget.horizon
+    report_dir = experiment.root / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    ranked = _ranked([r for r in experiment.rows(horizon) if r.chinchilla > 0])
+    lines = [f"# Sweep `{experiment.root.name}`", "", _summary(experiment, horizon), ""]
     if not ranked:
-        lines += ["", "No trial has reached its first evaluation yet."]
+        lines.append("No trial has reached its first evaluation yet.")
         atomic_write_text(report_dir / "report.md", "\n".join(lines) + "\n")
         return report_dir / "report.md"
-    lines += ["", f"## Best trials (top {TOP})", "", _best_table(ranked[:TOP]), ""]
+    best = ranked[0].trial_id
+    lines += [f"## Best trials (top {TOP})", "", _best_table(ranked[:TOP]), ""]
     _plot_losses(report_dir / "loss_vs_tokens.png", experiment, ranked, best)
     _plot_lr_ema(report_dir / "lr_ema.png", experiment, ranked, best)
     _plot_windows(report_dir / "windows.png", experiment, ranked, best)
-    optuna_figures = _optuna_figures(report_dir, experiment.root / "optuna.journal")
-    figures = [
-        (
-            "loss_vs_tokens.png",
-            "Loss versus tokens",
-            "The objective of every trial at each "
-            "evaluation; the best trial is drawn thick. Trials ASHA stopped end early.",
-        ),
-        (
-            "lr_ema.png",
-            "LR and EMA curves",
-            "Left: the LR each window stepped with. Right: the "
-            "best trial's raw weights against each of its EMAs.",
-        ),
-        (
-            "windows.png",
-            "Window statistics",
-            "Micro-batches and tokens per optimizer step, the "
-            "gradient norm before clipping, and throughput, over each trial's time.",
-        ),
-        (
-            "importance.png",
-            "Parameter importance (Optuna, fANOVA)",
-            "How much of the "
-            "objective's spread each parameter explains, over finished and stopped trials.",
-        ),
-        (
-            "parallel_coords.png",
-            "Parallel coordinates (Optuna)",
-            "Every trial's parameters, coloured by its objective.",
-        ),
-    ]
-    for name, title, text in figures:
-        lines += [f"## {title}", ""]
-        reason = optuna_figures.get(name, "")
-        lines.append(f"Not drawn: {reason}." if reason else f"{text}\n\n![{title}]({name})")
-        lines.append("")
-    tensorboard = write_tensorboard(experiment, report_dir / "tensorboard")
+    not_drawn, multiple = _optuna_figures(report_dir, experiment, space)
+    for name, title, text in FIGURES:
+        reason = not_drawn.get(name)
+        body = f"Not drawn: {reason}." if reason else text.format(m=f"{multiple or 0:g}")
+        lines += [f"## {title}", "", body, "", *([f"![{title}]({name})", ""] if not reason else [])]
+    tensorboard = report_dir / "tensorboard"
     lines += [
         "## TensorBoard",
         "",
-        f"Event files for {len(tensorboard)} trials: "
-        f"`tensorboard --logdir {report_dir / 'tensorboard'}` (every window and evaluation). "
-        f"Tune's own per-evaluation events, written live: `tensorboard --logdir "
-        f"{experiment.tune_dir}`.",
+        f"Event files for {len(write_tensorboard(experiment, tensorboard))} trials, every "
+        f"window and evaluation: `tensorboard --logdir {tensorboard}`. Tune's own "
+        f"per-evaluation events, written live: `tensorboard --logdir {experiment.tune_dir}`.",
         "",
     ]
     transfer = experiment.root / "transfer" / "transfer.md"
     if transfer.is_file():
-        lines += [
-            "## Transfer",
-            "",
-            transfer.read_text().split("\n", 2)[-1].strip(),
-            "",
-            "Plots: `../transfer/loss_vs_tokens.png`, `../transfer/lr_curves.png`.",
-            "",
-        ]
+        table = transfer.read_text().split("\n", 2)[-1].strip()
+        lines += ["## Transfer", "", table, "", "Plots: `../transfer/*.png`.", ""]
     atomic_write_text(report_dir / "report.md", "\n".join(lines))
     return report_dir / "report.md"

@@ -228,6 +228,7 @@ def run_transfer(
                 _live_view({n: (0.0, plan_.runs[n]["budget"]["horizon"]) for n in names}),
                 resume,
             )
+        _require_finished(first, names)
         if plan_.branches:
             constant = run_names(first)["constant"]
             branch_runs = {}
@@ -244,10 +245,31 @@ def run_transfer(
                 _live_view({n: (WSD_BRANCH * h, h) for n, h in plan_.branches.items()}),
                 resume or phases[1].tune_dir.exists(),
             )
+        _require_finished(phases[1], list(plan_.branches))
     from schedule_search.report import write_transfer_report
 
     write_transfer_report(root, plan_, phases, base)
     return root
+
+
+class Unfinished(Exception):
+    """The transfer stopped with runs unfinished (interrupted, or a run failed for good)."""
+
+
+def _require_finished(phase: Experiment, names: list[str]) -> None:
+    """Tune returns on Ctrl-C too: go on to the branches or the report only when every run of
+    the phase has ended."""
+    trial_ids = run_names(phase)
+    unfinished = [
+        n
+        for n in names
+        if n not in trial_ids or not phase.read_trial_json(trial_ids[n], "result.json")
+    ]
+    if unfinished:
+        raise Unfinished(
+            f"{len(unfinished)} of {len(names)} runs of {phase.root.name} unfinished "
+            f"({', '.join(unfinished[:4])}{', ...' if len(unfinished) > 4 else ''})"
+        )
 
 
 def _live_view(spans: dict[str, tuple[float, float]]):

@@ -69,3 +69,25 @@ def test_window_needs_the_recipe_optimizer_first(tmp_path):
     assert recipe.window(model, optimizer).optimizer is optimizer
     own = recipe.optimizer(model.parameters())
     assert recipe.window(model).optimizer is own
+
+
+def test_readme_cli_reference_matches_help():
+    """Every verb of the parser has a row in the README's command table, and every flag its
+    `--help` lists is in that row (and no row names a flag the verb does not take)."""
+    from schedule_search.cli import build_parser
+
+    rows = {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^\| `(\w+) [^|]*\|", README.read_text(), re.M)
+    }
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    assert set(verbs) == set(rows), (sorted(verbs), sorted(rows))
+    for verb, parser in verbs.items():
+        flags = {
+            option
+            for action in parser._actions
+            for option in action.option_strings
+            if option.startswith("--") and option != "--help"
+        }
+        documented = set(re.findall(r"--[a-z][a-z-]*", rows[verb]))
+        assert flags == documented, (verb, sorted(flags ^ documented))

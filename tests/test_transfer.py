@@ -219,5 +219,8 @@ def test_small_transfer_on_linreg(tmp_path):
                 config.optimizer.lr * schedule(tokens / 16), rel=1e-12
             )
             tokens += record["tokens"]
-        # It decays: the last window starts inside the decay, below 40% of peak.
-        assert windows[-1]["lr"] < 0.4 * config.optimizer.lr
+        # It decays: windows of 64 tokens (4 reference steps) in a decay of 8h reference
+        # steps; the last window starts at least half-way through it, below 55% of peak.
+        decaying = [w["lr"] for w in windows if w["lr"] < config.optimizer.lr]
+        assert decaying and decaying == sorted(decaying, reverse=True)
+        assert windows[-1]["lr"] <= 0.55 * config.optimizer.lr * (1 + 1e-12)
