@@ -45,9 +45,14 @@ transfer: install
 report: install
 	$(CLI) report $(NAME)
 
+# Every figure of BENCHMARKS.md but the transfer study (which takes hours): about 15 minutes.
 bench: install
 	$(PY) bench/core.py
+	$(PY) bench/windows.py
+	$(PY) bench/search.py
+	$(PY) bench/sweep_efficiency.py
 	$(PY) bench/linreg_theory.py
+	$(PY) bench/gpu.py
 
 lint: install
 	$(VENV)/bin/ruff check schedule_search tests bench

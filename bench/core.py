@@ -5,7 +5,10 @@
   interleaved A/B rounds, median of the per-round ratios. Goal <= 1.03.
 - memory: peak RSS of a 64-micro-batch window over a 1-micro-batch window, each in a fresh
   process over the same micro-batches. Goal <= 1.02.
-- tokens/s of the default tinylm on one thread.
+- tokens/s of the default tinylm on one thread, and the FLOP/s that makes, against the
+  machine's own matmul throughput at the model's shapes (torch.mm, one thread).
+- the EMA bank: seconds per EMA update as a share of a step (one 1-micro-batch window).
+  Goal <= 3% per EMA.
 
 Run: `make bench` or `python bench/core.py [--rounds N]`.
 """
@@ -86,6 +89,61 @@ def peak_rss(window: int) -> tuple[int, int]:
     return int(before), int(after)
 
 
+EMA_FRACTIONS = [0.01, 0.04, 0.16, 0.3]
+
+
+def ema_cost(task, batches, rounds: int) -> tuple[float, float]:
+    """(seconds per step without the EMA update, seconds per EMA update per EMA), medians."""
+    model = task.build_model()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95))
+    accumulator = WindowAccumulator(params, optimizer, WindowConfig(microbatches=1))
+    ema = EmaBank(params, EMA_FRACTIONS)
+    steps, updates = [], []
+    for _ in range(rounds):
+        for batch in batches:
+            start = time.perf_counter()
+            accumulator.begin_microbatch(batch.tokens)
+            accumulator.backward(task.loss_sum(model, batch))
+            accumulator.close(lr=1e-3)
+            stepped = time.perf_counter()
+            ema.update(accumulator.tokens_seen / batch.tokens)
+            updates.append(time.perf_counter() - stepped)
+            steps.append(stepped - start)
+    return statistics.median(steps), statistics.median(updates) / len(EMA_FRACTIONS)
+
+
+def model_flops_per_token(task) -> float:
+    """Forward + backward FLOPs per token: 6 per matmul weight (the blocks' linears and the
+    tied head), plus attention's QK^T and AV (12 * context * d_model per layer)."""
+    model = task.build_model()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head = model.token_embedding.weight.numel()
+    config = task.config
+    return 6 * (linear + head) + 12 * config.n_layer * config.context * config.d_model
+
+
+def matmul_flops_per_s(task, repeats: int = 20) -> float:
+    """torch.mm throughput (one thread) over the model's matmul shapes, forward and the two
+    backward products of each: the machine's ceiling for this model."""
+    config, tokens = task.config, task.tokens_per_microbatch
+    d, vocab = config.d_model, task.corpus.vocab_size
+    shapes = [(tokens, d, 3 * d), (tokens, d, d), (tokens, d, 4 * d), (tokens, 4 * d, d)]
+    shapes.append((tokens, d, vocab))
+    products = []
+    for m, k, n in shapes:  # y = x @ w; dx = dy @ w.T; dw = x.T @ dy
+        products += [(m, k, n), (m, n, k), (k, m, n)]
+    operands = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in products]
+    flops = sum(2 * m * k * n for m, k, n in products)
+    for a, b in operands:
+        torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for a, b in operands:
+            torch.mm(a, b)
+    return repeats * flops / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -118,6 +176,18 @@ def main() -> None:
     print(
         f"tokens/s: windowed {tokens / statistics.median(windowed_times):,.0f}, "
         f"bare {tokens / statistics.median(bare_times):,.0f}"
+    )
+    tokens_per_s = tokens / statistics.median(windowed_times)
+    achieved = tokens_per_s * model_flops_per_token(task)
+    ceiling = matmul_flops_per_s(task)
+    print(
+        f"model FLOP/s at {tokens_per_s:,.0f} tokens/s: {achieved / 1e9:.2f} GFLOP/s; torch.mm "
+        f"at the model's shapes: {ceiling / 1e9:.2f} GFLOP/s; fraction {achieved / ceiling:.2f}"
+    )
+    step_s, per_ema_s = ema_cost(task, batches, max(1, args.rounds // 2))
+    print(
+        f"EMA bank: {per_ema_s * 1e6:.0f} us per EMA per update against a {step_s * 1e3:.1f} ms "
+        f"step (1-micro-batch window): {per_ema_s / step_s:.2%} per EMA (goal <= 3%)"
     )
     (small_before, small), (large_before, large) = peak_rss(1), peak_rss(64)
     print(

@@ -343,6 +343,13 @@ def _transfer(args: argparse.Namespace) -> int:
     horizons = sorted({base.budget.horizon, *targets})
     methods = args.methods or before.get("methods") or list(METHODS)
     plan(base, horizons, methods)  # every run's config is valid before Ray starts
+    launched_as = (before.get("horizons"), set(before.get("methods", [])), before.get("workers"))
+    if before and launched_as != (horizons, set(methods), settings.workers):
+        raise ConfigError(
+            f"{launched.parent}: a transfer to {','.join(f'{h:g}' for h in before['horizons'])}x "
+            f"with {','.join(before['methods'])} on {before['workers']} workers is there; this "
+            "one would change its runs. Move that folder aside to run another"
+        )
     with experiment_lock(sweep.root, "transfer"):
         resume = launched.exists()
         try:

@@ -9,6 +9,7 @@
                          result.json (written by the sweep driver when the trial ends)
       trials.csv/.json   one row per trial: config, state, milestone, best loss
       recipe.yaml        the exported best config (`export`)
+      driver.jsonl       when each launch of the sweep's driver started and ended
 
 Everything here is read without Ray, so `status` and `export` work while a sweep runs or
 after it died.
@@ -21,6 +22,7 @@ import hashlib
 import io
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,13 @@ class Experiment:
             raise ConfigError(f"{path}: unreadable sweep settings ({err})") from None
 
     # -- per-trial records -----------------------------------------------------------------
+    def log_driver(self, event: str, **fields: Any) -> None:
+        """Appends the sweep driver's start or end to `driver.jsonl`: how long each launch of
+        the sweep took, Ray's start-up included."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "driver.jsonl", "a") as handle:
+            handle.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+
     def write_trial_json(self, trial_id: str, name: str, data: Any) -> None:
         atomic_write_text(self.trial_dir(trial_id) / name, json.dumps(data, indent=1))
 

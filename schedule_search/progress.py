@@ -60,6 +60,13 @@ class LiveView:
         self.units_this_session = 0.0
         self.best: tuple[float, str, dict[str, Any]] | None = None
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Tune pickles its callbacks with the experiment and restores them on resume: the
+        trials seen are kept, the clock and the rate start again with the new driver."""
+        self.__dict__.update(state)
+        self.started_at = self.clock()
+        self.units_this_session = 0.0
+
     def started(self, trial_id: str, params: dict[str, Any], resumed_from: float) -> None:
         start, end = self.span(params)
         if trial_id in self.trials:  # restarted after a failure

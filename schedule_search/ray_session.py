@@ -88,13 +88,15 @@ class RaySession:
 
 def record_placement(log_dir: Path, rank: int) -> None:
     """Each rank writes where it runs (`workers/rank-<r>.json`): on a cluster, which node
-    each trial's workers landed on."""
+    each trial's workers landed on; the device and the collective backend (gloo, NCCL)."""
     context = ray.get_runtime_context()
     placement = {
         "rank": rank,
         "node_id": context.get_node_id(),
         "node_ip": ray.util.get_node_ip_address(),
         "pid": os.getpid(),
+        "device": str(ray.train.torch.get_device()),
+        "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else "",
     }
     ckpt.atomic_write_text(log_dir / "workers" / f"rank-{rank}.json", json.dumps(placement))
 

@@ -88,6 +88,8 @@ def write_transfer_report(
     root: Path, plan: TransferPlan, phases: list[Experiment], base: TrainConfig
 ) -> dict[str, Any]:
     runs = histories(phases)
+    for method, run in plan.same_as.items():
+        runs[method] = runs.get(run, [])
     table = transfer_table(plan, runs)
     atomic_write_text(root / "transfer.json", json.dumps(table, indent=1))
     atomic_write_text(

@@ -204,11 +204,13 @@ def sweep(
         max_concurrent_trials=settings.concurrency,
     )
     resolve = SpaceTrials(space, settings.space_path)
+    experiment.log_driver("started", resume=resume)
     with ray_session(settings):
         progress = LiveView(
             settings.samples, settings.samples * horizon, lambda params: (0.0, horizon)
         )
         run_tune(experiment, settings, resolve, tune_config, None, progress, resume)
+    experiment.log_driver("ended")
     experiment.write_table(horizon)
     write_optuna_mirror(experiment, space)
     return experiment

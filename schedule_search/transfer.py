@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class TransferPlan:
     horizons: list[float]
     runs: dict[str, dict[str, Any]]  # name -> TrainConfig as a dict
     branches: dict[str, float]  # WSD run name -> its horizon
+    same_as: dict[str, str] = field(default_factory=dict)  # a method -> the run it would repeat
 
 
 def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str]:
@@ -137,10 +138,14 @@ def plan(
                     ema={"fractions": [0.0], "objective": 0.0},
                     budget={"horizon": h, "eval_at": _milestones(horizons, h)},
                 )
+    same_as = {}
+    if runs.get("poly") is not None and runs.get("poly") == runs.get("recipe"):
+        same_as["poly"] = "recipe"  # the recipe is 1/sqrt + EMA itself: run it once
+        del runs["poly"]
     branches = {f"wsd-{h:g}x": h for h in horizons} if "wsd" in methods else {}
     for name, config in runs.items():  # validate now, not inside a trial
         parse(TrainConfig, config, f"transfer run {name}")
-    return TransferPlan(sorted(horizons), runs, branches)
+    return TransferPlan(sorted(horizons), runs, branches, same_as)
 
 
 def branch_config(plan_: TransferPlan, name: str, trunk_checkpoint: Path) -> dict[str, Any]:

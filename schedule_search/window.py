@@ -9,10 +9,13 @@ How it stays correct and cheap:
 - The loss is summed over tokens; at close the summed gradient is divided by the *global* token
   count, so the result is the big-batch gradient of the mean token loss whatever each rank's
   micro-batch count or size. Clipping comes after that normalization.
-- Before each micro-batch, ranks all-reduce a tiny float64 control vector (tokens, rank 0's
-  clock, gradient-noise statistics) and each computes the same close decision from the same
-  numbers. Every rank makes exactly one control exchange per micro-batch and one gradient
-  all-reduce per window, so no rank can wait on a collective another skipped.
+- Where the close depends on other ranks (the tokens, seconds and grad_norm policies), ranks
+  all-reduce a tiny float64 control vector (tokens, rank 0's clock, gradient-noise
+  statistics) before each micro-batch and each computes the same close decision from the same
+  numbers. A window of a fixed number of micro-batches closes at the same tick everywhere
+  without asking; its control vector (the token count) is reduced once, at close. Either way
+  every rank makes the same collectives in the same order, so none can wait on a collective
+  another skipped.
 - Autograd graphs are freed after every backward (no `retain_graph`): memory does not grow
   with the window. `optimizer.step()` does not zero gradients; `close` does, explicitly.
 """
@@ -78,7 +81,7 @@ class WindowRecord:
         return asdict(self)
 
 
-# Slots of the control vector all-reduced (summed) before every micro-batch.
+# Slots of the control vector (summed over ranks).
 _TOKENS, _MICROBATCHES, _ELAPSED, _LAST_DT, _SQ_INCREMENTS, _SQ_SUM, _N_SQ, _n_SQ, _N_PREV = range(
     9
 )
@@ -183,6 +186,7 @@ class WindowAccumulator:
         self._buckets = _make_buckets(self.params)
         self._bind_grads()
         self._track_noise = config.policy == "grad_norm"
+        self._agree_each_microbatch = config.policy != "microbatches"
         self._previous = [b.grads.clone() for b in self._buckets] if self._track_noise else []
         self.tokens_seen = 0
         self.windows = 0
@@ -207,15 +211,20 @@ class WindowAccumulator:
         if self.rank == 0:
             local[_ELAPSED] = now - self._window_start
             local[_LAST_DT] = self._last_microbatch_s
-        if self.world_size > 1:
-            agreed = local.to(self._control_device, copy=True)
-            dist.all_reduce(agreed, group=self.group)
-            agreed = agreed.cpu()
-        else:
-            agreed = local
+        # A window of a fixed number of micro-batches closes at the same tick on every rank
+        # without asking the others; its token count is agreed once, at close.
+        agreed = self._reduce(local) if self._agree_each_microbatch else local
         self._agreed = agreed
         self._pending_tokens = n_tokens
         return self._decide(agreed)
+
+    def _reduce(self, control: torch.Tensor) -> torch.Tensor:
+        """The control vector summed over ranks."""
+        if self.world_size == 1:
+            return control
+        agreed = control.to(self._control_device, copy=True)
+        dist.all_reduce(agreed, group=self.group)
+        return agreed.cpu()
 
     def _decide(self, agreed: torch.Tensor) -> bool:
         cfg = self.config
@@ -266,6 +275,8 @@ class WindowAccumulator:
         then no step is taken (`stepped=False` in the record) and the gradient is dropped.
         """
         self._check_grads_bound()
+        if not self._agree_each_microbatch:
+            self._agreed = self._reduce(self._control)
         for bucket in self._buckets:
             if self.world_size > 1:
                 dist.all_reduce(bucket.flat, group=self.group)

@@ -84,3 +84,4 @@ def test_sweep_on_a_two_node_cluster_spreads_a_trials_workers(tmp_path, two_node
         ]
         assert [p["rank"] for p in placements] == [0, 1]
         assert {p["node_id"] for p in placements} == nodes, placements
+        assert {(p["device"], p["backend"]) for p in placements} == {("cpu", "gloo")}

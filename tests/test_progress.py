@@ -50,3 +50,16 @@ def test_branches_count_only_the_part_they_train():
     assert view.units_this_session == pytest.approx(0.8)
     assert view.remaining_units() == pytest.approx(0.4)
     assert view.eta_s() == pytest.approx(4.0)
+
+
+def test_a_view_restored_by_tune_keeps_its_trials_and_restarts_its_clock():
+    from ray import cloudpickle  # what Tune saves its callbacks with
+
+    view = LiveView(2, 8.0, lambda p: (0.0, 4.0))
+    view.started("a", {}, 0.0)
+    view.result("a", {}, {"chinchilla": 2.0, "val_loss": 1.0})
+    view.started_at -= 3600  # an hour ago, in the driver that died
+    restored = cloudpickle.loads(cloudpickle.dumps(view))
+    assert restored.trials.keys() == {"a"} and restored.trials["a"].reached == 2.0
+    assert restored.units_this_session == 0.0 and restored.eta_s() is None
+    assert restored.status_line().startswith("[0m0")

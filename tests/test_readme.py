@@ -77,8 +77,7 @@ def test_readme_cli_reference_matches_help():
     from schedule_search.cli import build_parser
 
     rows = {
-        m.group(1): m.group(0)
-        for m in re.finditer(r"^\| `(\w+) [^|]*\|", README.read_text(), re.M)
+        m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+) [^|]*\|", README.read_text(), re.M)
     }
     verbs = build_parser()._subparsers._group_actions[0].choices
     assert set(verbs) == set(rows), (sorted(verbs), sorted(rows))

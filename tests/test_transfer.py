@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from schedule_search import checkpoint as ckpt
-from schedule_search.config import parse
+from schedule_search.config import parse, to_dict
 from schedule_search.experiment import Experiment
 from schedule_search.recipe import load_recipe
 from schedule_search.report import transfer_table
@@ -53,6 +53,13 @@ def test_plan_has_the_grid_the_branch_points_and_one_anytime_run():
     assert constant["checkpoint"]["keep"] >= len(constant["budget"]["eval_at"]) + 1
     assert p.runs["poly"]["schedule"]["gamma"] == 0.5
     assert p.branches == {"wsd-1x": 1.0, "wsd-2x": 2.0, "wsd-4x": 4.0}
+
+
+def test_a_recipe_that_is_1_over_sqrt_is_not_run_twice():
+    tree = to_dict(BASE)
+    tree["schedule"]["gamma"] = 0.5
+    p = plan(parse(TrainConfig, tree, "test"), [1.0, 2.0], ["recipe", "poly"])
+    assert set(p.runs) == {"recipe"} and p.same_as == {"poly": "recipe"}
 
 
 def history(*points):
@@ -168,6 +175,12 @@ def test_small_transfer_on_linreg(tmp_path):
         assert first.read_trial_json(trial_id, "result.json") == result
 
     root = tmp_path / "runs" / "lt" / "transfer"
+    # Asking the finished transfer for other horizons is refused: it would change its runs.
+    other = subprocess.run(
+        [*cli, "transfer", "lt", "--to", "4", "--storage", storage], capture_output=True, text=True
+    )
+    assert other.returncode == 2 and "Move that folder aside" in other.stderr, other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1
     for name in ("transfer.md", "transfer.json"):
         assert (root / name).stat().st_size > 0
     for name in ("loss_vs_tokens.png", "lr_curves.png"):

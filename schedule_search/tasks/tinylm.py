@@ -137,7 +137,8 @@ class TinyLMTask:
         return Microbatch(rows, rows.shape[0] * self.config.context)
 
     def loss_sum(self, model: torch.nn.Module, batch: Microbatch) -> torch.Tensor:
-        rows = batch.data.to(model.token_embedding.weight.device, non_blocking=True)
+        # The device of any parameter: `model` may be wrapped (DDP, torch.compile).
+        rows = batch.data.to(next(model.parameters()).device, non_blocking=True)
         logits = model(rows[:, :-1])
         return F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="sum")
 

@@ -1,0 +1,76 @@
+"""The GPU path: a one-trial sweep with `--gpus-per-worker 1` (NCCL between workers, bf16
+autocast), the code path a GPU user runs. Skipped, with exit code 0, where no CUDA device is
+visible: this machine, and CI.
+
+Checks what ran: every worker's device (cuda:N) and collective backend (nccl), from the
+trial's `workers/rank-<r>.json`; prints tokens/s and the loss at 1x.
+
+Run: `python bench/gpu.py [--workers N]` (default: every visible GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from schedule_search.experiment import Experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=0)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("GPU path: skipped (no CUDA device visible)")
+        return 0
+    workers = args.workers or torch.cuda.device_count()
+    with tempfile.TemporaryDirectory() as storage:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "schedule_search.cli",
+                "sweep",
+                str(ROOT / "search_spaces" / "default.yaml"),
+                "--samples",
+                "1",
+                "--horizon",
+                "1",
+                "--workers",
+                str(workers),
+                "--gpus-per-worker",
+                "1",
+                "--name",
+                "gpu",
+                "--storage",
+                storage,
+            ],
+            check=True,
+        )
+        experiment = Experiment(Path(storage) / "gpu")
+        (trial_id,) = experiment.trial_ids()
+        placements = [
+            json.loads(p.read_text())
+            for p in sorted((experiment.trial_dir(trial_id) / "workers").glob("rank-*.json"))
+        ]
+        last = experiment.read_trial_json(trial_id, "metrics.json")[-1]
+    devices = sorted(p["device"] for p in placements)
+    backends = {p["backend"] for p in placements}
+    print(
+        f"GPU path: {workers} worker(s) on {devices}, backend {backends}, "
+        f"{last['tokens_per_s']:,.0f} tokens/s, val_loss {last['val_loss']:.4f} at 1x"
+    )
+    ok = all(d.startswith("cuda") for d in devices) and backends == {"nccl"}
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
