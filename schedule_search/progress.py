@@ -38,8 +38,11 @@ def _duration(seconds: float) -> str:
 
 
 def _short(params: dict[str, Any]) -> str:
+    """`optimizer.lr=0.00312` as `lr=0.00312`: the last part of each key, 3 digits."""
     return ", ".join(
-        f"{key.rsplit('.', 1)[-1]}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
+        f"{key.rsplit('.', 1)[-1]}={value:.3g}"
+        if isinstance(value, float)
+        else f"{key.rsplit('.', 1)[-1]}={value}"
         for key, value in params.items()
     )
 
