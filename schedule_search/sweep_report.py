@@ -19,6 +19,7 @@ import json
 import math
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,26 @@ def read_windows(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+@dataclass
+class TrialRecords:
+    """What the report reads of one trial, read once: sampled params, evaluations, windows."""
+
+    params: dict[str, Any]
+    history: list[dict[str, Any]]
+    windows: list[dict[str, Any]]
+
+
+def load_records(experiment: Experiment) -> dict[str, TrialRecords]:
+    return {
+        trial_id: TrialRecords(
+            params=(experiment.read_trial_json(trial_id, "config.json") or {}).get("params", {}),
+            history=experiment.read_trial_json(trial_id, "metrics.json") or [],
+            windows=read_windows(experiment.trial_dir(trial_id) / "windows.jsonl"),
+        )
+        for trial_id in experiment.trial_ids()
+    }
+
+
 def _ranked(rows: list[TrialRow]) -> list[TrialRow]:
     """Furthest-reaching first, then lowest loss: a trial stopped at 1x cannot outrank one
     that reached the horizon with the same loss."""
@@ -75,10 +96,12 @@ def _best_table(rows: list[TrialRow]) -> str:
     return "\n".join(lines)
 
 
-def _plot_losses(path: Path, experiment: Experiment, rows: list[TrialRow], best: str) -> None:
+def _plot_losses(
+    path: Path, records: dict[str, TrialRecords], rows: list[TrialRow], best: str
+) -> None:
     figure, axis = plt.subplots(figsize=(8, 5))
     for r in rows:
-        history = experiment.read_trial_json(r.trial_id, "metrics.json") or []
+        history = records[r.trial_id].history
         if not history:
             continue
         emphasis = {"linewidth": 2.5, "zorder": 3} if r.trial_id == best else {"alpha": 0.6}
@@ -105,10 +128,12 @@ def _cumulative_tokens(windows: list[dict[str, Any]]) -> list[int]:
     return out
 
 
-def _plot_lr_ema(path: Path, experiment: Experiment, rows: list[TrialRow], best: str) -> None:
+def _plot_lr_ema(
+    path: Path, records: dict[str, TrialRecords], rows: list[TrialRow], best: str
+) -> None:
     figure, (lr_axis, ema_axis) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in rows:
-        windows = read_windows(experiment.trial_dir(r.trial_id) / "windows.jsonl")
+        windows = records[r.trial_id].windows
         if windows:
             lr_axis.plot(
                 _cumulative_tokens(windows),
@@ -121,7 +146,7 @@ def _plot_lr_ema(path: Path, experiment: Experiment, rows: list[TrialRow], best:
     lr_axis.set_title("LR schedules")
     lr_axis.legend(fontsize=7)
     lr_axis.grid(alpha=0.3)
-    history = experiment.read_trial_json(best, "metrics.json") or []
+    history = records[best].history
     keys = sorted({k for h in history for k in h if k.startswith("val_loss_")})
     for key in keys:
         label = "raw weights" if key == "val_loss_raw" else key.removeprefix("val_loss_")
@@ -146,7 +171,9 @@ def _rolling_mean(values: list[float], n: int) -> list[float]:
     return out
 
 
-def _plot_windows(path: Path, experiment: Experiment, rows: list[TrialRow], best: str) -> None:
+def _plot_windows(
+    path: Path, records: dict[str, TrialRecords], rows: list[TrialRow], best: str
+) -> None:
     figure, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
     panels = (
         ("microbatches", "micro-batches per window"),
@@ -155,7 +182,7 @@ def _plot_windows(path: Path, experiment: Experiment, rows: list[TrialRow], best
         ("tokens_per_s", f"tokens/s (mean over {SMOOTHING} windows)"),
     )
     for r in rows:
-        windows = read_windows(experiment.trial_dir(r.trial_id) / "windows.jsonl")
+        windows = records[r.trial_id].windows
         if not windows:
             continue
         start = windows[0]["wall_time"] - windows[0]["seconds"]
@@ -189,7 +216,7 @@ def common_multiple(histories: dict[str, list[dict[str, Any]]]) -> float | None:
 
 
 def _optuna_figures(
-    report_dir: Path, experiment: Experiment, space: SearchSpace
+    report_dir: Path, records: dict[str, TrialRecords], space: SearchSpace
 ) -> tuple[dict[str, str], float | None]:
     """Optuna's importance and parallel-coordinates plots of an in-memory study whose values
     are the losses at the common multiple (a trial stopped at 1x and one that ran to 4x are
@@ -198,17 +225,15 @@ def _optuna_figures(
     from optuna.trial import create_trial
     from optuna.visualization import matplotlib as optuna_plots
 
-    histories = {
-        t: experiment.read_trial_json(t, "metrics.json") or [] for t in experiment.trial_ids()
-    }
-    multiple = common_multiple(histories)
+    multiple = common_multiple({t: r.history for t, r in records.items()})
     distributions = optuna_distributions(space)
     study = optuna.create_study(direction="minimize")
-    for trial_id, history in histories.items():
-        loss = next((h["val_loss"] for h in history if h["chinchilla"] == multiple), math.nan)
-        params = (experiment.read_trial_json(trial_id, "config.json") or {}).get("params", {})
-        if math.isfinite(loss) and set(params) == set(distributions):
-            study.add_trial(create_trial(value=loss, params=params, distributions=distributions))
+    for trial in records.values():
+        loss = next((h["val_loss"] for h in trial.history if h["chinchilla"] == multiple), math.nan)
+        if math.isfinite(loss) and set(trial.params) == set(distributions):
+            study.add_trial(
+                create_trial(value=loss, params=trial.params, distributions=distributions)
+            )
     reasons: dict[str, str] = {}
     for name, draw, size in (
         ("importance.png", optuna_plots.plot_param_importances, (8, 4.5)),
@@ -232,7 +257,7 @@ def _optuna_figures(
     return reasons, multiple
 
 
-def write_tensorboard(experiment: Experiment, out: Path) -> list[Path]:
+def write_tensorboard(records: dict[str, TrialRecords], out: Path) -> list[Path]:
     """TensorBoard event files, one folder per trial: every window (loss, grad norm, LR,
     micro-batches, tokens, tokens/s) and every evaluation (raw and EMA validation losses),
     all against tokens seen. Written anew from the durable records each time."""
@@ -240,9 +265,8 @@ def write_tensorboard(experiment: Experiment, out: Path) -> list[Path]:
 
     shutil.rmtree(out, ignore_errors=True)
     folders = []
-    for trial_id in experiment.trial_ids():
-        windows = read_windows(experiment.trial_dir(trial_id) / "windows.jsonl")
-        history = experiment.read_trial_json(trial_id, "metrics.json") or []
+    for trial_id, trial in records.items():
+        windows, history = trial.windows, trial.history
         if not windows and not history:
             continue
         folder = out / trial_id
@@ -291,9 +315,9 @@ FIGURES = (  # file, title, what it shows ({m}: the common multiple of the Optun
 )
 
 
-def _summary(experiment: Experiment, horizon: float) -> str:
+def _summary(rows: list[TrialRow], horizon: float) -> str:
     states: dict[str, int] = {}
-    for r in experiment.rows(horizon):
+    for r in rows:
         states[r.state] = states.get(r.state, 0) + 1
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     return (
@@ -307,18 +331,20 @@ def write_sweep_report(experiment: Experiment, space: SearchSpace) -> Path:
     horizon = trial_config(space, {}).budget.horizon
     report_dir = experiment.root / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
-    ranked = _ranked([r for r in experiment.rows(horizon) if r.chinchilla > 0])
-    lines = [f"# Sweep `{experiment.root.name}`", "", _summary(experiment, horizon), ""]
+    rows = experiment.rows(horizon)
+    ranked = _ranked([r for r in rows if r.chinchilla > 0])
+    lines = [f"# Sweep `{experiment.root.name}`", "", _summary(rows, horizon), ""]
     if not ranked:
         lines.append("No trial has reached its first evaluation yet.")
         atomic_write_text(report_dir / "report.md", "\n".join(lines) + "\n")
         return report_dir / "report.md"
     best = ranked[0].trial_id
     lines += [f"## Best trials (top {TOP})", "", _best_table(ranked[:TOP]), ""]
-    _plot_losses(report_dir / "loss_vs_tokens.png", experiment, ranked, best)
-    _plot_lr_ema(report_dir / "lr_ema.png", experiment, ranked, best)
-    _plot_windows(report_dir / "windows.png", experiment, ranked, best)
-    not_drawn, multiple = _optuna_figures(report_dir, experiment, space)
+    records = load_records(experiment)
+    _plot_losses(report_dir / "loss_vs_tokens.png", records, ranked, best)
+    _plot_lr_ema(report_dir / "lr_ema.png", records, ranked, best)
+    _plot_windows(report_dir / "windows.png", records, ranked, best)
+    not_drawn, multiple = _optuna_figures(report_dir, records, space)
     for name, title, text in FIGURES:
         reason = not_drawn.get(name)
         body = f"Not drawn: {reason}." if reason else text.format(m=f"{multiple or 0:g}")
@@ -327,7 +353,7 @@ def write_sweep_report(experiment: Experiment, space: SearchSpace) -> Path:
     lines += [
         "## TensorBoard",
         "",
-        f"Event files for {len(write_tensorboard(experiment, tensorboard))} trials, every "
+        f"Event files for {len(write_tensorboard(records, tensorboard))} trials, every "
         f"window and evaluation: `tensorboard --logdir {tensorboard}`. Tune's own "
         f"per-evaluation events, written live: `tensorboard --logdir {experiment.tune_dir}`.",
         "",
