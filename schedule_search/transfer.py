@@ -221,7 +221,8 @@ def run_transfer(
     )
     with ray_session(settings):
         first = phases[0]
-        names = list(plan_.runs)
+        # Longest runs first: with runs in parallel, a long run started last would train alone.
+        names = sorted(plan_.runs, key=lambda n: -plan_.runs[n]["budget"]["horizon"])
         done = {r.trial_id for r in first.rows(0) if r.state != "running"}
         if len(done) < len(names) or not resume:
             run_tune(
