@@ -45,12 +45,11 @@ transfer: install
 report: install
 	$(CLI) report $(NAME)
 
-# Every figure of BENCHMARKS.md but the transfer study (an hour and more) and the search
-# comparison on tinylm (`python bench/search.py --task tinylm`, 11 minutes): about 10 minutes.
+# Every figure of BENCHMARKS.md but the transfer study (`make transfer`: hours on 2 cores).
 bench: install
 	$(PY) bench/core.py
 	$(PY) bench/windows.py
-	$(PY) bench/search.py --task linreg
+	$(PY) bench/search.py
 	$(PY) bench/sweep_efficiency.py
 	$(PY) bench/linreg_theory.py
 	$(PY) bench/gpu.py

@@ -8,11 +8,16 @@ asynchronous successive halving as the sweep's ASHA: rungs at 1x and 2x, reducti
 the figure is the compute spent when a trial first reaches within 1% of the grid's best loss,
 as a fraction of the grid's compute; median over seeds. Goal for TPE + halving: <= 1/3.
 
-Trials run in this process through the core trainer (`train.train`, the same loop the sweep's
-Ray Train workers run) rather than through Ray, whose per-trial start-up (about 10 s, see the
-sweep-efficiency figure) would dominate trials this small; the algorithms are Optuna's own.
+Two TPEs: with Optuna's defaults (10 random start-up trials, one density per key) and as the
+sweep runs it (`optuna_study.tpe_sampler`: the space's `startup_trials`, multivariate).
 
-Run: `python bench/search.py [--seeds N] [--task linreg|tinylm|both]`.
+Trials run through the core trainer (`train.train`, the same loop the sweep's Ray Train
+workers run) rather than through Ray, whose per-trial start-up (about 10 s, see the
+sweep-efficiency figure) would dominate trials this small; the algorithms are Optuna's own.
+Grid points, and the searches of each method and seed, run in parallel processes of one
+thread each (`--jobs`, default: every core): the figures count compute, not time.
+
+Run: `python bench/search.py [--seeds N] [--task linreg|tinylm|both] [--jobs N]`.
 """
 
 from __future__ import annotations
@@ -20,8 +25,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import statistics
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,8 @@ import optuna
 import torch
 
 from schedule_search.config import parse
+from schedule_search.optuna_study import tpe_sampler
+from schedule_search.space import STARTUP_TRIALS
 from schedule_search.train import TrainConfig, train
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -68,6 +78,17 @@ TASKS = {
     },
 }
 RUNGS = (1.0, 2.0)
+METHODS = {  # name -> (sampler for a seed, successive halving)
+    "random": (lambda seed: optuna.samplers.RandomSampler(seed=seed), False),
+    "TPE (Optuna's defaults) + halving": (
+        lambda seed: optuna.samplers.TPESampler(seed=seed),
+        True,
+    ),
+    f"TPE (the sweep's: {STARTUP_TRIALS} start-up, multivariate) + halving": (
+        lambda seed: tpe_sampler(seed, STARTUP_TRIALS),
+        True,
+    ),
+}
 
 
 class _PruningSession:
@@ -119,19 +140,22 @@ class _Pruned(Exception):
         self.reached = reached
 
 
-def grid(task: str) -> tuple[float, float]:
+def grid(pool: ProcessPoolExecutor, task: str) -> tuple[float, float]:
     """(best loss, compute) of the dense grid: log-spaced LRs x evenly spaced gammas."""
     spec = TASKS[task]
     lrs = np.geomspace(*spec["lr"], spec["grid_lr"])
     gammas = np.linspace(0.0, 1.0, spec["grid_gamma"])
-    results = [run_trial(task, float(lr), float(g)) for lr, g in itertools.product(lrs, gammas)]
+    points = list(itertools.product(lrs.tolist(), gammas.tolist()))
+    results = list(
+        pool.map(run_trial, itertools.repeat(task), [p[0] for p in points], [p[1] for p in points])
+    )
     return min(loss for loss, _ in results), sum(cost for _, cost in results)
 
 
-def search(
-    task: str, sampler: optuna.samplers.BaseSampler, halving: bool, target: float, budget: float
-) -> float | None:
+def search(task: str, method: str, seed: int, target: float, budget: float) -> float | None:
     """Compute spent when a trial first reaches `target`, or None within `budget`."""
+    make_sampler, halving = METHODS[method]
+    sampler = make_sampler(seed)
     pruner = (
         optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2)
         if halving
@@ -157,36 +181,43 @@ def search(
     return None
 
 
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--task", choices=["linreg", "tinylm", "both"], default="both")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count())
     args = parser.parse_args()
-    torch.set_num_threads(1)
     tasks = ["linreg", "tinylm"] if args.task == "both" else [args.task]
     print(
         "| task | grid: points, compute, best loss | method | compute to within 1% of the "
         "grid's best, / grid's (median of seeds) | per seed |"
     )
     print("|" + " --- |" * 5)
-    for task in tasks:
-        spec = TASKS[task]
-        best, compute = grid(task)
-        points = spec["grid_lr"] * spec["grid_gamma"]
-        target = best * 1.01
-        for name, make, halving in (
-            ("random", lambda s: optuna.samplers.RandomSampler(seed=s), False),
-            ("TPE + halving", lambda s: optuna.samplers.TPESampler(seed=s), True),
-        ):
-            fractions = []
-            for seed in range(args.seeds):
-                spent = search(task, make(seed), halving, target, compute)
-                fractions.append(spent / compute if spent is not None else math.inf)
-            median = statistics.median(fractions)
-            print(
-                f"| {task} | {points}, {compute:g}x, {best:.4g} | {name} | "
-                f"{median:.2f} | {', '.join(f'{f:.2f}' for f in fractions)} |"
-            )
+    context = get_context("spawn")  # no fork of a process that may hold torch's thread pools
+    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_one_thread) as pool:
+        for task in tasks:
+            spec = TASKS[task]
+            best, compute = grid(pool, task)
+            points = spec["grid_lr"] * spec["grid_gamma"]
+            runs = {
+                (method, seed): pool.submit(search, task, method, seed, best * 1.01, compute)
+                for method in METHODS
+                for seed in range(args.seeds)
+            }
+            for method in METHODS:
+                spent = [runs[method, seed].result() for seed in range(args.seeds)]
+                fractions = [s / compute if s is not None else math.inf for s in spent]
+                print(
+                    f"| {task} | {points}, {compute:g}x, {best:.4g} | {method} | "
+                    f"{statistics.median(fractions):.2f} | "
+                    f"{', '.join(f'{f:.2f}' for f in fractions)} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 
 import optuna
@@ -13,6 +14,19 @@ from schedule_search.space import SearchSpace, trial_config
 
 # Optuna's INFO lines ("a new study created") would interleave with the sweep's live view.
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def tpe_sampler(seed: int, startup_trials: int) -> optuna.samplers.TPESampler:
+    """TPE as the sweep runs it. `startup_trials` random trials before TPE models anything:
+    Optuna's default of 10 would leave a sweep of a few trials to random search. Multivariate,
+    because the searched keys interact (a faster decay tolerates a higher peak LR), which
+    independent per-key densities cannot see; constant liar, so trials started together by
+    concurrent workers do not all land on the same point."""
+    with warnings.catch_warnings():  # both options are marked experimental, stable since 2.x
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=startup_trials, multivariate=True, constant_liar=True
+        )
 
 
 def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from schedule_search.config import to_dict
 from schedule_search.experiment import Experiment, SweepSettings, train_run_name
-from schedule_search.optuna_study import optuna_distributions, write_optuna_mirror
+from schedule_search.optuna_study import optuna_distributions, tpe_sampler, write_optuna_mirror
 from schedule_search.progress import METRIC, LiveView
 from schedule_search.space import SearchSpace, load_space, trial_config, uses_asha
 from schedule_search.train import TrainConfig
@@ -33,7 +33,6 @@ os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
-import optuna
 import ray
 import ray.train
 from ray import tune
@@ -158,7 +157,7 @@ def _searcher(space: SearchSpace) -> OptunaSearch:
         metric=list(space.objectives) if multi else METRIC,
         mode=["min"] * len(space.objectives) if multi else "min",
         points_to_evaluate=space.points_to_evaluate or None,
-        sampler=optuna.samplers.TPESampler(seed=space.seed),
+        sampler=tpe_sampler(space.seed, space.startup_trials),
     )
 
 

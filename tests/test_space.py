@@ -38,6 +38,7 @@ MALFORMED = [
     (variant("surprise", 1), "surprise: unknown key"),
     (variant("samples", 0), "samples"),
     (variant("samples", "many"), "samples"),
+    (variant("startup_trials", 0), "startup_trials"),
     (variant("scheduler", "hyperband"), "scheduler"),
     (variant("params/optimizer.lr/type", "normal"), "params.optimizer.lr.type"),
     (variant("params/optimizer.lr/low", 0.5), "params.optimizer.lr.high: must exceed low"),
