@@ -26,6 +26,7 @@ SPACE = {
     "name": "lin",
     "samples": 4,
     "seed": 0,
+    "startup_trials": 2,  # TPE itself (not its random start-up) proposes the later trials
     "base": {
         "task": {"name": "linreg", "dim": 64, "batch": 16},
         "optimizer": {"name": "sgd", "lr": 0.05},
