@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import torch
-
-from schedule_search.experiment import Experiment
-
-ROOT = Path(__file__).resolve().parents[1]
+from one_trial import sweep_one_trial
 
 
 def main() -> int:
@@ -33,29 +28,9 @@ def main() -> int:
         return 0
     workers = args.workers or torch.cuda.device_count()
     with tempfile.TemporaryDirectory() as storage:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "schedule_search.cli",
-                "sweep",
-                str(ROOT / "search_spaces" / "default.yaml"),
-                "--samples",
-                "1",
-                "--horizon",
-                "1",
-                "--workers",
-                str(workers),
-                "--gpus-per-worker",
-                "1",
-                "--name",
-                "gpu",
-                "--storage",
-                storage,
-            ],
-            check=True,
+        experiment = sweep_one_trial(
+            storage, "gpu", "--horizon", "1", "--workers", str(workers), "--gpus-per-worker", "1"
         )
-        experiment = Experiment(Path(storage) / "gpu")
         (trial_id,) = experiment.trial_ids()
         placements = [
             json.loads(p.read_text())

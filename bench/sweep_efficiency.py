@@ -21,10 +21,11 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from one_trial import sweep_one_trial
 
 from schedule_search.experiment import Experiment
 
@@ -59,26 +60,13 @@ def driver_wall(experiment: Experiment) -> float | None:
 def two_minute_trial() -> None:
     with tempfile.TemporaryDirectory() as storage:
         start = time.monotonic()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "schedule_search.cli",
-                "sweep",
-                str(ROOT / "search_spaces" / "default.yaml"),
-                "--samples",
-                "1",
-                "--name",
-                "efficiency",
-                "--storage",
-                storage,
-            ],
-            check=True,
+        experiment = sweep_one_trial(
+            storage,
+            "efficiency",
             stdout=subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         command_s = time.monotonic() - start
-        experiment = Experiment(Path(storage) / "efficiency")
         ((train_s, trial_s),) = training_seconds(experiment).values()
         print(
             f"| one 2-minute default trial (2 workers) | {train_s:.1f} s | trial: {trial_s:.1f} s "
