@@ -10,35 +10,64 @@ weights and costs nothing. One fused `torch._foreach_lerp_` per EMA per update.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field
 
 from schedule_search.config import STRICT
 
+#: The default bank: raw weights and fractions doubling from 0.005 to 0.32, around the paper's
+#: headline 0.04 (f = 25) with three doublings on each side. One run reports every fraction's
+#: loss, so the fraction costs a search no trials (DESIGN section 2).
+DEFAULT_FRACTIONS = (0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
+
+#: `objective: best`: the run's objective is the lowest loss in its bank.
+BEST = "best"
+
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
 
 @dataclass
 class EmaConfig:
-    """`fractions`: half-life / age for each EMA kept (0 = raw weights). `objective`: the
-    fraction whose validation loss is the run's objective (must be one of `fractions`)."""
+    """Which EMAs a run keeps and which one's loss is its objective."""
 
     __pydantic_config__ = STRICT
 
-    fractions: list[Annotated[float, Field(ge=0, le=1)]] = field(
-        default_factory=lambda: [0.0, 0.01, 0.04, 0.16]
-    )
-    objective: Annotated[float, Field(ge=0, le=1)] = 0.04
+    #: Half-life / age of each EMA kept (0 = the raw weights).
+    fractions: list[Fraction] = field(default_factory=lambda: list(DEFAULT_FRACTIONS))
+    #: The fraction whose validation loss is the objective (one of `fractions`; the paper's
+    #: headline 0.04 by default), or `best`: the lowest loss in the bank at each evaluation,
+    #: its fraction reported beside it (what a sweep's spaces use).
+    objective: Fraction | Literal["best"] = 0.04
 
     def __post_init__(self) -> None:
         if len(set(self.fractions)) != len(self.fractions):
             raise ValueError(f"fractions: duplicates in {self.fractions}")
-        if self.objective not in self.fractions:
+        if not self.fractions:
+            raise ValueError("fractions: at least one fraction (0 = the raw weights)")
+        if self.objective != BEST and self.objective not in self.fractions:
             raise ValueError(
-                f"objective: {self.objective} is not one of fractions {self.fractions}"
+                f"objective: {self.objective} is not one of fractions {self.fractions} "
+                f"(or '{BEST}')"
             )
+
+    def pick(self, losses: Mapping[float, float]) -> tuple[float, float]:
+        """(fraction, loss) of the objective among `losses` (fraction -> validation loss).
+        `best` takes the lowest finite loss, the smaller fraction on a tie; a non-finite loss
+        counts as worst."""
+        if self.objective != BEST:
+            return float(self.objective), losses[float(self.objective)]
+
+        def rank(frac: float) -> tuple[bool, float, float]:
+            finite = math.isfinite(losses[frac])
+            return (not finite, losses[frac] if finite else 0.0, frac)
+
+        frac = min(losses, key=rank)
+        return frac, losses[frac]
 
 
 def ema_decay(t0: float, t1: float, frac: float) -> float:
@@ -51,6 +80,19 @@ def ema_decay(t0: float, t1: float, frac: float) -> float:
 def ema_key(frac: float) -> str:
     """Stable name of an EMA in metrics and state dicts, e.g. 'ema/0.04'."""
     return f"ema/{frac:g}"
+
+
+def fraction_label(frac: float) -> str:
+    """An EMA fraction as tables show it: `raw` for the raw weights, blank when unknown."""
+    if math.isnan(frac):
+        return ""
+    return "raw" if frac == 0 else f"{frac:g}"
+
+
+def loss_key(frac: float) -> str:
+    """The metric holding fraction `frac`'s validation loss: `val_loss_raw` for the raw
+    weights, `val_loss_ema/<frac>` for an EMA."""
+    return "val_loss_raw" if frac == 0 else f"val_loss_{ema_key(frac)}"
 
 
 class EmaBank:

@@ -294,12 +294,14 @@ def _print_table(experiment) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from schedule_search.averaging import fraction_label
+
     horizon = _horizon(experiment)
     rows = experiment.write_table(horizon)
     best = experiment.best(horizon)
     table = Table(title=f"{experiment.root.name}: {len(rows)} trials (objective at {horizon:g}x)")
     params = sorted({k for r in rows for k in r.params})
-    for column in ["trial", "state", "reached", "val_loss", "best", *params]:
+    for column in ["trial", "state", "reached", "val_loss", "ema fraction", "best", *params]:
         table.add_column(column)
     for r in sorted(rows, key=lambda r: (r.state != "completed", r.val_loss)):
         mark = " *" if best is not None and r.trial_id == best.trial_id else ""
@@ -308,6 +310,7 @@ def _print_table(experiment) -> None:
             r.state,
             f"{r.chinchilla:g}x",
             f"{r.val_loss:.4f}",
+            fraction_label(r.ema_fraction),
             f"{r.best_val_loss:.4f}",
             *[
                 f"{r.params.get(p, ''):.4g}"
@@ -372,6 +375,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from schedule_search.averaging import fraction_label
     from schedule_search.experiment import Experiment
 
     experiment = Experiment.named(args.name, args.storage)
@@ -379,7 +383,8 @@ def _export(args: argparse.Namespace) -> int:
     output = args.output or experiment.root / "recipe.yaml"
     best, _ = experiment.export(output, _horizon(experiment), args.max_slowdown)
     print(
-        f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x -> {output}"
+        f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x "
+        f"(EMA fraction {fraction_label(best.ema_fraction)}) -> {output}"
     )
     return 0
 

@@ -43,18 +43,22 @@ def parse(cls: type[T], data: Any, source: str, prefix: str = "") -> T:
 
 _UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
 _MISSING = ("missing", "missing_argument")
+_PYDANTIC_TAG = re.compile(r"^(function-|constrained-|literal\[)")
 
 
 def _one_line(err: ValidationError, source: str, prefix: str) -> str:
     first = err.errors()[0]
     parts = [prefix] if prefix else []
-    parts += [str(p) for p in first["loc"] if not str(p).startswith("function-")]
+    # Drop pydantic's tags for validators and union members ("constrained-float", "literal[...]").
+    parts += [
+        str(p) for p in first["loc"] if not re.match(r"^(function-|constrained-|literal\[)", str(p))
+    ]
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] in _UNKNOWN:
         message = "unknown key"
     elif first["type"] in _MISSING:
         message = "required key is missing"
-    elif first["type"] == "value_error" and re.match(r"^\w+: ", message):
+    elif first["type"] == "value_error" and re.match(r"^[\w.]+: ", message):
         # A cross-field check from __post_init__ names its own key: "horizon: required ...".
         key, message = message.split(": ", 1)
         parts.append(key)

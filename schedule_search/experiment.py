@@ -23,7 +23,7 @@ import io
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,10 @@ class TrialRow:
     wall_s: float = 0.0
     trial_s: float = math.nan
     reason: str = ""
+    #: The EMA fraction `val_loss` came from (0 = raw weights); NaN before an evaluation.
+    ema_fraction: float = math.nan
+    #: (milestone index, Chinchilla multiple, objective) of every evaluation, in order.
+    curve: list[tuple[int, float, float]] = field(default_factory=list)
 
 
 def train_run_name(config: dict[str, Any]) -> str:
@@ -185,6 +189,15 @@ class Experiment:
                 row.tokens = last.get("tokens", 0)
                 row.val_loss = last.get("val_loss", math.nan)
                 row.wall_s = last.get("wall_s", 0.0)
+                row.ema_fraction = last.get(
+                    "ema_fraction",
+                    config.get("config", {}).get("ema", {}).get("objective", math.nan),
+                )
+                row.curve = [
+                    (int(h.get("milestone", i + 1)), h.get("chinchilla", 0.0), h["val_loss"])
+                    for i, h in enumerate(history)
+                    if "val_loss" in h
+                ]
                 finite = [
                     h["val_loss"] for h in history if math.isfinite(h.get("val_loss", math.nan))
                 ]
@@ -217,11 +230,13 @@ class Experiment:
             TrainConfig, self.read_trial_json(best.trial_id, "config.json")["config"], "trial"
         )
         last = self.read_trial_json(best.trial_id, "metrics.json")[-1]
+        # The recipe evaluates with the fraction that won at the horizon and keeps the bank.
+        ema = replace(config.ema, objective=float(best.ema_fraction))
         spec = RecipeSpec(
             format=RECIPE_FORMAT,
             optimizer=config.optimizer,
             schedule=config.schedule,
-            ema=config.ema,
+            ema=ema,
             window=config.window,
             n_params=int(last["n_params"]),
             tokens_per_param=config.budget.tokens_per_param,
@@ -231,6 +246,7 @@ class Experiment:
                 "value": best.val_loss,
                 "horizon": horizon,
                 "wall_s": best.wall_s,
+                "ema_fraction": float(best.ema_fraction),
                 "rule": "lowest val_loss"
                 + (f" within {max_slowdown:g}x the fastest trial's time" if max_slowdown else ""),
             },
@@ -257,6 +273,7 @@ class Experiment:
             "tokens",
             "val_loss",
             "best_val_loss",
+            "ema_fraction",
             "wall_s",
             "trial_s",
         ]

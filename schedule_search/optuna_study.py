@@ -16,17 +16,52 @@ from schedule_search.space import SearchSpace, trial_config
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+#: The samplers a space may name (`sampler:`); `bench/search.py` measures them at the default
+#: sweep's budget and the default is the one that measured best there.
+SAMPLERS = ("tpe", "gp", "random")
+
+
+def make_sampler(name: str, seed: int, startup_trials: int) -> optuna.samplers.BaseSampler:
+    """The space's sampler, seeded. TPE and GP start modelling after `startup_trials` random
+    trials (`points_to_evaluate` count among them)."""
+    if name == "tpe":
+        return tpe_sampler(seed, startup_trials)
+    if name == "gp":
+        # GP regression over the searched keys (Optuna's GPSampler, needs scipy); it learns
+        # from completed trials only, so trials the scheduler pruned teach it nothing.
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"sampler: expected one of {', '.join(SAMPLERS)}, got {name!r}")
+
+
 def tpe_sampler(seed: int, startup_trials: int) -> optuna.samplers.TPESampler:
     """TPE as the sweep runs it. `startup_trials` random trials before TPE models anything:
     Optuna's default of 10 would leave a sweep of a few trials to random search. Multivariate,
     because the searched keys interact (a faster decay tolerates a higher peak LR), which
     independent per-key densities cannot see; constant liar, so trials started together by
-    concurrent workers do not all land on the same point."""
+    concurrent workers do not all land on the same point. Trials a scheduler stopped early are
+    PRUNED with their intermediate values: TPE ranks them below every completed trial, and
+    among themselves by how far they got and their last loss."""
     with warnings.catch_warnings():  # both options are marked experimental, stable since 2.x
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=startup_trials, multivariate=True, constant_liar=True
         )
+
+
+def trial_state(row_state: str, values: list[float]) -> optuna.trial.TrialState:
+    """How a finished trial is told to Optuna, by the live searcher and in the journal alike:
+    a trial that reached the horizon is COMPLETE (a diverged one with an infinite loss, so a
+    sampler learns to avoid its region); one the scheduler stopped early is PRUNED (its loss at
+    a lower milestone is not comparable with losses at the horizon); an error is FAIL."""
+    from optuna.trial import TrialState
+
+    if row_state == "stopped":
+        return TrialState.PRUNED
+    if row_state in ("completed", "diverged") and not any(math.isnan(v) for v in values):
+        return TrialState.COMPLETE
+    return TrialState.FAIL
 
 
 def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -49,35 +84,44 @@ def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
     """The trials as an Optuna study in a journal file (`optuna.journal`), so Optuna's tools
     (optuna-dashboard, `optuna.load_study`) can read a sweep. Written from the durable trial
     records, never the searcher's live state (RAY_NOTES: a live database can get ahead of a
-    restored Tune snapshot). Trials stopped early keep their partial loss, marked by the
-    `state` and `chinchilla` user attributes."""
+    restored Tune snapshot), in the terms the live searcher is told (`trial_state`): every
+    evaluation is an intermediate value at its milestone index, a trial stopped early is
+    PRUNED, a completed one COMPLETE with its loss at the horizon. The EMA fraction the loss
+    came from is the `ema_fraction` user attribute."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
     from optuna.trial import TrialState, create_trial
 
     path = experiment.root / "optuna.journal"
-    scratch = path.with_name(f".{path.name}.tmp")
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     scratch.unlink(missing_ok=True)
     storage = JournalStorage(JournalFileBackend(str(scratch)))
     directions = ["minimize"] * len(space.objectives)
     study = optuna.create_study(study_name=space.name, storage=storage, directions=directions)
     distributions = optuna_distributions(space)
     base = trial_config(space, {})
+    single = len(space.objectives) == 1
     for row in experiment.rows(base.budget.horizon):
         if row.state in ("running", "pending"):
             continue
         values = [row.val_loss, row.wall_s][: len(space.objectives)]
-        ok = row.state in ("completed", "stopped") and all(math.isfinite(v) for v in values)
+        state = trial_state(row.state, values)
         study.add_trial(
             create_trial(
-                state=TrialState.COMPLETE if ok else TrialState.FAIL,
-                values=values if ok else None,
+                state=state,
+                values=values if state == TrialState.COMPLETE else None,
                 params=row.params,
                 distributions={k: distributions[k] for k in row.params if k in distributions},
+                intermediate_values={
+                    step: loss for step, _, loss in row.curve if not math.isnan(loss)
+                }
+                if single
+                else None,
                 user_attrs={
                     "trial_id": row.trial_id,
                     "state": row.state,
                     "chinchilla": row.chinchilla,
+                    "ema_fraction": row.ema_fraction,
                     "reason": row.reason,
                 },
             )

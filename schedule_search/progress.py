@@ -88,7 +88,12 @@ class LiveView:
         trial.reached = max(trial.reached, reached)
         loss = result.get(METRIC, math.nan)
         if math.isfinite(loss) and (self.best is None or loss < self.best[0]):
-            self.best = (loss, trial_id, params)
+            fraction = result.get("ema_fraction")
+            self.best = (
+                loss,
+                trial_id,
+                params if fraction is None else {**params, "ema": fraction},
+            )
         self._print(
             f"trial {trial_id}: {reached:g}x  {METRIC} {loss:.4f}  "
             f"{result.get('tokens_per_s', 0):,.0f} tok/s"

@@ -50,6 +50,13 @@ class RecipeSpec:
     objective: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.ema.objective, float):
+            raise ValueError(
+                "ema.objective: a recipe names the EMA fraction to evaluate with (a number "
+                f"in ema.fractions), got {self.ema.objective!r}"
+            )
+
 
 class Recipe:
     """Builds the optimizer, LR multiplier, EMA bank and window accumulator of a recipe."""

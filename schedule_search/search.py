@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,12 @@ from typing import Any
 
 from schedule_search.config import to_dict
 from schedule_search.experiment import Experiment, SweepSettings, train_run_name
-from schedule_search.optuna_study import optuna_distributions, tpe_sampler, write_optuna_mirror
+from schedule_search.optuna_study import (
+    make_sampler,
+    optuna_distributions,
+    trial_state,
+    write_optuna_mirror,
+)
 from schedule_search.progress import METRIC, LiveView
 from schedule_search.space import SearchSpace, load_space, trial_config, uses_asha
 from schedule_search.train import TrainConfig
@@ -35,6 +41,7 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 import ray
 import ray.train
+from optuna.trial import TrialState
 from ray import tune
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
@@ -149,15 +156,51 @@ class TrialRecorder(tune.Callback):
         self.progress.finished(trial_id, trial.config, state)
 
 
+class MilestoneOptunaSearch(OptunaSearch):
+    """Ray's OptunaSearch, told what the journal records (`optuna_study.trial_state`).
+
+    Ray's own reports every result as an intermediate value at Tune's `training_iteration`,
+    which restarts at 1 when a restored trial runs again, and tells a trial the scheduler
+    stopped as COMPLETE with its loss at the rung where it stopped, ranked among losses at the
+    horizon. Here an intermediate value's step is the evaluation's milestone index (it keeps
+    rising across resumes), and a stopped trial is PRUNED."""
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if isinstance(self.metric, list) or trial_id in self._completed_trials:
+            return  # Optuna keeps no intermediate values for multi-objective studies
+        trial = self._ot_trials.get(trial_id)
+        if trial is not None and "milestone" in result:
+            step = int(result["milestone"])
+            if step not in trial.storage.get_trial(trial._trial_id).intermediate_values:
+                trial.report(float(result[self.metric]), step)
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict | None = None, error: bool = False
+    ) -> None:
+        if error or not result or trial_id in self._completed_trials:
+            super().on_trial_complete(trial_id, result, error)
+            return
+        status = result.get("status")
+        row_state = status if status in ("completed", "diverged") else "stopped"
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        values = [float(result.get(m, math.nan)) for m in metrics]
+        state = trial_state(row_state, values)
+        told = values if len(values) > 1 else values[0]
+        self._ot_study.tell(
+            self._ot_trials[trial_id], told if state == TrialState.COMPLETE else None, state=state
+        )
+        self._completed_trials.add(trial_id)
+
+
 def _searcher(space: SearchSpace) -> OptunaSearch:
     distributions = optuna_distributions(space)
     multi = len(space.objectives) > 1
-    return OptunaSearch(
+    return MilestoneOptunaSearch(
         space=distributions,
         metric=list(space.objectives) if multi else METRIC,
         mode=["min"] * len(space.objectives) if multi else "min",
         points_to_evaluate=space.points_to_evaluate or None,
-        sampler=tpe_sampler(space.seed, space.startup_trials),
+        sampler=make_sampler(space.sampler, space.seed, space.startup_trials),
     )
 
 

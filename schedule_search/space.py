@@ -4,6 +4,7 @@
     samples: 8                    # trials
     seed: 0                       # TPE seed
     startup_trials: 4             # random trials (points_to_evaluate included) before TPE
+    sampler: tpe                  # tpe | gp | random (bench/search.py measured them)
     scheduler: auto               # auto | asha | fifo (auto: ASHA for horizon-free schedules)
     objectives: [val_loss]        # or [val_loss, wall_s]: loss and wall-clock seconds to the
                                   # horizon, a multi-objective search (export picks from the
@@ -31,7 +32,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from schedule_search.averaging import DEFAULT_FRACTIONS
 from schedule_search.config import STRICT, ConfigError, load_yaml, parse
+from schedule_search.schedules import HORIZON_AWARE
 from schedule_search.tasks import build_task
 from schedule_search.train import TrainConfig
 
@@ -85,6 +88,7 @@ class SearchSpace:
     samples: Annotated[int, Field(gt=0)] = 8
     seed: Annotated[int, Field(ge=0)] = 0
     startup_trials: Annotated[int, Field(ge=1)] = STARTUP_TRIALS
+    sampler: Literal["tpe", "gp", "random"] = "tpe"
     scheduler: Literal["auto", "asha", "fifo"] = "auto"
     base: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Param] = field(default_factory=dict)
@@ -115,8 +119,9 @@ def trial_config(space: SearchSpace, values: dict[str, Any], source: str = "spac
     for key, value in values.items():
         set_dotted(tree, key, value)
     ema = tree.setdefault("ema", {})
-    if isinstance(ema, dict) and "objective" in ema:
-        fractions = ema.get("fractions", [0.0, 0.01, 0.04, 0.16])
+    if isinstance(ema, dict) and isinstance(ema.get("objective"), (int, float)):
+        # A searched (or fixed) fraction joins the bank, so its loss is evaluated.
+        fractions = ema.get("fractions", list(DEFAULT_FRACTIONS))
         if isinstance(fractions, list) and ema["objective"] not in fractions:
             ema["fractions"] = sorted([*fractions, ema["objective"]])
     return parse(TrainConfig, tree, source)
@@ -148,10 +153,10 @@ def load_space(path: str | Path) -> SearchSpace:
     kinds = {base.schedule.kind}
     if "schedule.kind" in space.params:
         kinds |= set(space.params["schedule.kind"].corners())
-    if space.scheduler == "asha" and kinds & {"cosine", "wsd"}:
+    if space.scheduler == "asha" and kinds & set(HORIZON_AWARE):
         raise ConfigError(
             f"{source}: scheduler: asha stops trials early, which is only valid for horizon-free "
-            "schedules (constant, poly); use fifo for cosine or wsd"
+            "schedules (constant, poly); use fifo for cosine, linear or wsd"
         )
     return space
 

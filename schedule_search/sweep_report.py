@@ -28,6 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from schedule_search.averaging import fraction_label
 from schedule_search.checkpoint import atomic_write_text
 from schedule_search.experiment import Experiment, TrialRow
 from schedule_search.optuna_study import optuna_distributions
@@ -82,7 +83,7 @@ def _ranked(rows: list[TrialRow]) -> list[TrialRow]:
 
 def _best_table(rows: list[TrialRow]) -> str:
     params = sorted({key for r in rows for key in r.params})
-    header = ["trial", "state", "reached", "val_loss", "wall", *params]
+    header = ["trial", "state", "reached", "val_loss", "EMA fraction", "wall", *params]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for r in rows:
         values = [
@@ -91,7 +92,7 @@ def _best_table(rows: list[TrialRow]) -> str:
         ]
         lines.append(
             f"| {r.trial_id} | {r.state} | {r.chinchilla:g}x | {r.val_loss:.4f} | "
-            f"{r.wall_s:.0f} s | " + " | ".join(values) + " |"
+            f"{fraction_label(r.ema_fraction)} | {r.wall_s:.0f} s | " + " | ".join(values) + " |"
         )
     return "\n".join(lines)
 

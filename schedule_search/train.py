@@ -23,7 +23,7 @@ import torch.distributed as dist
 from pydantic import Field
 
 from schedule_search import checkpoint as ckpt
-from schedule_search.averaging import EmaBank, EmaConfig, ema_key
+from schedule_search.averaging import EmaBank, EmaConfig, loss_key
 from schedule_search.clock import Horizon
 from schedule_search.config import STRICT, load_yaml, parse
 from schedule_search.schedules import ScheduleConfig
@@ -318,24 +318,22 @@ def _evaluate(
     session: Session,
     autocast: torch.autocast,
 ) -> dict[str, float]:
-    """Held-out loss of the raw weights and every EMA. Rank 0 evaluates and broadcasts, so
-    every rank reports, and decides on divergence from, the same numbers."""
-    losses: dict[str, float] = {}
+    """Held-out loss of the raw weights and every EMA; the objective `val_loss` and the
+    `ema_fraction` it came from. Rank 0 evaluates and broadcasts, so every rank reports, and
+    decides on divergence from, the same numbers."""
+    metrics: dict[str, float] = {}
     if session.rank == 0:
+        losses = {}
         for frac in config.fractions:
             with ema.swapped_in(frac), autocast:
-                losses["val_loss_raw" if frac == 0 else f"val_loss_{ema_key(frac)}"] = (
-                    task.evaluate(model)
-                )
-        objective = config.objective
-        losses["val_loss"] = losses[
-            "val_loss_raw" if objective == 0 else f"val_loss_{ema_key(objective)}"
-        ]
+                losses[frac] = task.evaluate(model)
+            metrics[loss_key(frac)] = losses[frac]
+        metrics["ema_fraction"], metrics["val_loss"] = config.pick(losses)
     if session.world_size > 1:
-        shared = [losses]
+        shared = [metrics]
         dist.broadcast_object_list(shared, src=0)
-        losses = shared[0]
-    return losses
+        metrics = shared[0]
+    return metrics
 
 
 def _diverged_metrics(

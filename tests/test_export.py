@@ -1,5 +1,7 @@
 """Choosing what to export, and bad recipe files."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -81,3 +83,47 @@ def test_missing_and_garbled_recipe_files(tmp_path):
     (tmp_path / "w.yaml").write_text(yaml.safe_dump(without))
     with pytest.raises(ConfigError, match="window: required key is missing"):
         load_recipe(tmp_path / "w.yaml")
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_recipe_written_before_alpha_was_searched_still_loads_as_it_was():
+    """tests/data/recipe_format1.yaml was exported by the code before the schedule defaults
+    moved to the paper's proportions; it spells out its own alpha and warmup, so it loads
+    and keeps them."""
+    recipe = load_recipe(DATA / "recipe_format1.yaml")
+    assert recipe.spec.schedule.alpha == 0.05 and recipe.spec.schedule.warmup == 0.05
+    assert recipe.ema_fraction == 0.04
+    steps = recipe.horizon.steps_per_chinchilla
+    t = 4.0 * steps  # 4x Chinchilla
+    assert recipe.lr_multiplier(t) == pytest.approx((0.05 / (4.0 - 0.05 + 0.05)) ** 0.5)
+
+
+def test_a_recipe_must_name_the_fraction_it_evaluates_with(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**GOOD_RECIPE, "ema": {"fractions": [0.0, 0.04]}}))
+    assert load_recipe(path).ema_fraction == 0.04  # the paper's headline, when unsaid
+    path.write_text(
+        yaml.safe_dump({**GOOD_RECIPE, "ema": {"fractions": [0.0, 0.04], "objective": "best"}})
+    )
+    with pytest.raises(ConfigError, match=r"ema\.objective: a recipe names the EMA fraction") as e:
+        load_recipe(path)
+    assert str(e.value).startswith(str(path)) and "\n" not in str(e.value)
+
+
+def test_alpha_and_warmup_are_chinchilla_multiples_rescaled_by_n_params(tmp_path):
+    path = tmp_path / "r.yaml"
+    schedule = {"kind": "poly", "gamma": 0.5, "alpha": 4.0, "warmup": 0.4}
+    path.write_text(yaml.safe_dump({**GOOD_RECIPE, "schedule": schedule}))
+    small, large = load_recipe(path), load_recipe(path, n_params=8000)
+    for recipe, n_params in ((small, 1000), (large, 8000)):
+        steps_per_x = 20.0 * n_params / 100.0  # tokens_per_param x n_params / tokens per step
+        assert recipe.schedule.alpha == pytest.approx(4.0 * steps_per_x)
+        assert recipe.schedule.warmup.steps == pytest.approx(0.4 * steps_per_x)
+        for multiple in (0.2, 1.0, 4.0, 32.0):
+            t = multiple * steps_per_x
+            expected = (
+                0.1 + 0.9 * multiple / 0.4 if multiple < 0.4 else (4 / (multiple - 0.4 + 4)) ** 0.5
+            )
+            assert recipe.lr_multiplier(t) == pytest.approx(expected, abs=1e-12)

@@ -90,7 +90,7 @@ def test_config_converts_chinchilla_multiples_to_steps():
     [
         ({"kind": "cosine"}, "horizon: required"),
         ({"kind": "wsd", "horizon": 0.01, "warmup": 0.05}, "horizon: must exceed warmup"),
-        ({"kind": "linear"}, "kind"),
+        ({"kind": "exponential"}, "kind"),
         ({"gamma": -1}, "gamma"),
         ({"floor": 1.5}, "floor"),
         ({"alpha": 0}, "alpha"),
@@ -102,3 +102,52 @@ def test_bad_schedule_config_names_the_key(data, message):
         parse(ScheduleConfig, data, "space.yaml", "schedule")
     assert str(err.value).startswith("space.yaml: schedule")
     assert "\n" not in str(err.value)
+
+
+def d2z_reference(t: float, W: float, T: float) -> float:
+    """Linear decay to zero, DESIGN section 2, written out again."""
+    if t < W:
+        return 0.1 + 0.9 * t / W
+    return max(0.0, 1.0 - (t - W) / (T - W))
+
+
+def sqrt_cooldown_reference(t: float, W: float, T: float, f: float) -> float:
+    """WSD with the (1 - sqrt) cooldown over the last f of T, DESIGN section 2."""
+    if t < W:
+        return 0.1 + 0.9 * t / W
+    t0 = (1 - f) * T
+    if t <= t0:
+        return 1.0
+    return 1.0 - math.sqrt(min((t - t0) / (T - t0), 1.0))
+
+
+def test_linear_to_zero_equals_its_formula_and_reaches_exactly_zero_at_T():
+    schedule = ScheduleConfig(kind="linear", warmup=0.05, horizon=1.0).build(1000.0)
+    for t in GRID:
+        assert schedule(t) == pytest.approx(d2z_reference(t, W, 1000.0), abs=1e-12, rel=0), t
+    assert schedule(1000.0) == 0.0 and schedule(1e4) == 0.0
+    assert schedule(999.999) > 0.0
+
+
+@pytest.mark.parametrize("f", [0.1, 0.2])
+def test_wsd_sqrt_cooldown_equals_its_formula_and_reaches_exactly_zero_at_T(f):
+    config = ScheduleConfig(
+        kind="wsd", warmup=0.05, horizon=1.0, decay_fraction=f, cooldown="sqrt"
+    )
+    schedule = config.build(1000.0)
+    for t in GRID:
+        assert schedule(t) == pytest.approx(
+            sqrt_cooldown_reference(t, W, 1000.0, f), abs=1e-12, rel=0
+        ), t
+    assert schedule(1000.0) == 0.0 and schedule(2000.0) == 0.0
+    # Faster than linear early in the cooldown, the shape Hagele et al. found better.
+    t = (1 - f) * 1000.0 + 0.25 * f * 1000.0
+    assert schedule(t) == pytest.approx(0.5) and schedule(t) < 1 - 0.9 * 0.25
+    # The linear cooldown is unchanged.
+    linear = ScheduleConfig(kind="wsd", warmup=0.05, horizon=1.0, decay_fraction=f).build(1000.0)
+    assert linear(1000.0) == pytest.approx(0.1)
+
+
+def test_linear_needs_a_horizon():
+    with pytest.raises(ConfigError, match="schedule.horizon: required"):
+        parse(ScheduleConfig, {"kind": "linear"}, "x.yaml", "schedule")

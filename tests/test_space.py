@@ -143,3 +143,54 @@ def test_horizon_override_and_shipped_spaces(tmp_path):
     space = load_space("search_spaces/default.yaml")
     config = trial_config(space, {"ema.objective": 0.123})
     assert 0.123 in config.ema.fractions and config.ema.objective == 0.123
+
+
+PAPER_ALPHA = 51_200 / 12_500  # the paper's selected offset over its 1x Chinchilla steps
+PAPER_WARMUP = 5_000 / 12_500
+
+
+@pytest.mark.parametrize("name", ["default", "linreg"])
+def test_shipped_anytime_spaces_search_alpha_around_the_papers(name):
+    """alpha on a log scale over a range holding the paper's ~4x with a decade either side,
+    gamma over [0, 1], LR on a log scale, and the EMA fraction through the bank (no trials)."""
+    space = load_space(f"search_spaces/{name}.yaml")
+    alpha = space.params["schedule.alpha"]
+    assert alpha.type == "loguniform"
+    assert alpha.low <= PAPER_ALPHA / 10 and alpha.high >= PAPER_ALPHA * 9.5
+    gamma = space.params["schedule.gamma"]
+    assert (gamma.low, gamma.high) == (0.0, 1.0)
+    assert space.params["optimizer.lr"].type == "loguniform"
+    assert "ema.objective" not in space.params
+    base = trial_config(space, {})
+    assert base.ema.objective == "best" and len([f for f in base.ema.fractions if f > 0]) >= 6
+    for point in space.points_to_evaluate:
+        trial_config(space, point)
+
+
+@pytest.mark.parametrize("name", ["default", "cosine", "wsd"])
+def test_shipped_tinylm_spaces_warm_up_in_the_papers_proportion(name):
+    base = trial_config(load_space(f"search_spaces/{name}.yaml"), {})
+    assert base.schedule.warmup == pytest.approx(PAPER_WARMUP)
+
+
+def test_schedule_defaults_are_the_papers_proportions():
+    from schedule_search.schedules import ScheduleConfig
+
+    config = ScheduleConfig()
+    assert config.alpha == pytest.approx(round(PAPER_ALPHA))
+    assert config.warmup == pytest.approx(PAPER_WARMUP)
+    # The paper's 1/sqrt keeps 0.73 of the peak LR at 4x and 0.34 at 32x (t in multiples).
+    schedule = config.build(steps_per_chinchilla=1.0)
+    assert schedule(4.0) == pytest.approx(0.7255, abs=1e-4)
+    assert schedule(32.0) == pytest.approx(0.3352, abs=1e-4)
+
+
+def test_a_space_names_its_sampler(tmp_path, capsys):
+    path = tmp_path / "space.yaml"
+    for sampler in ("tpe", "gp", "random"):
+        path.write_text(yaml.safe_dump({**GOOD, "sampler": sampler}))
+        assert load_space(path).sampler == sampler
+    path.write_text(yaml.safe_dump({**GOOD, "sampler": "cmaes"}))
+    assert main(["sweep", str(path), "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "sampler" in err and err.count("\n") == 1

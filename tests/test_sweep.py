@@ -24,23 +24,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SPACE = {
     "name": "lin",
-    "samples": 4,
+    "samples": 6,
     "seed": 0,
     "startup_trials": 2,  # TPE itself (not its random start-up) proposes the later trials
     "base": {
         "task": {"name": "linreg", "dim": 64, "batch": 16},
         "optimizer": {"name": "sgd", "lr": 0.05},
-        "schedule": {"kind": "poly", "alpha": 0.05, "warmup": 0.05},
-        "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
+        "schedule": {"kind": "poly", "warmup": 0.0},
+        "ema": {"fractions": [0.0, 0.01, 0.04, 0.16], "objective": "best"},
         "window": {"policy": "microbatches", "microbatches": 2},
         "budget": {"horizon": 4.0, "eval_at": [1.0, 2.0]},
     },
     "params": {
         "optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 0.3},
         "schedule.gamma": {"type": "uniform", "low": 0.0, "high": 1.0},
-        "ema.objective": {"type": "loguniform", "low": 0.01, "high": 0.3},
+        "schedule.alpha": {"type": "loguniform", "low": 0.4, "high": 40.0},
     },
 }
+FRACTIONS = SPACE["base"]["ema"]["fractions"]
 
 
 def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -73,28 +74,37 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(tmp_p
     assert status and all("| best " in line and "ETA" in line for line in status[1:]), status
     assert "0 running" in status[-1] and "0 waiting" in status[-1], status[-1]
     rows = experiment.rows(4.0)
-    assert len(rows) == 4
+    assert len(rows) == 6
     assert all(r.state in ("completed", "stopped") for r in rows), [
         (r.state, r.reason) for r in rows
     ]
     assert any(r.state == "completed" for r in rows)
+    assert any(r.state == "stopped" for r in rows), "ASHA must stop a trial for this test"
     assert (experiment.root / "trials.csv").is_file() and (experiment.root / "space.yaml").is_file()
     study = optuna.load_study(
         study_name="lin",
         storage=JournalStorage(JournalFileBackend(str(experiment.root / "optuna.journal"))),
     )
-    assert len(study.trials) == 4
-    assert {t.user_attrs["trial_id"] for t in study.trials} == {r.trial_id for r in rows}
+    check_journal(experiment, study, rows)
+    check_live_searcher_agrees(experiment, study)
 
     exported = cli("export", "lin", "--storage", str(storage), "-o", str(tmp_path / "best.yaml"))
     assert exported.returncode == 0, exported.stderr
     recipe = load_recipe(tmp_path / "best.yaml")
     best = experiment.best(4.0)
-    assert recipe.spec.source["trial_id"] == best.trial_id
-    assert recipe.spec.objective["value"] == best.val_loss
+    assert recipe.spec.source["trial_id"] == best.trial_id == study.best_trial.user_attrs["trial_id"]
+    assert recipe.spec.objective["value"] == best.val_loss == study.best_value
+    # The best (config, fraction) pair: the fraction whose loss at the horizon was lowest.
+    final = experiment.read_trial_json(best.trial_id, "metrics.json")[-1]
+    losses = {f: final["val_loss_raw" if f == 0 else f"val_loss_ema/{f:g}"] for f in FRACTIONS}
+    assert recipe.ema_fraction == min(losses, key=losses.get)
+    assert best.val_loss == min(losses.values())
     config = experiment.read_trial_json(best.trial_id, "config.json")
-    assert recipe.ema_fraction == config["params"]["ema.objective"]
     assert recipe.peak_lr == config["params"]["optimizer.lr"]
+    assert recipe.spec.schedule.alpha == config["params"]["schedule.alpha"]
+    status = cli("status", "lin", "--storage", str(storage))
+    best_line = next(line for line in status.stdout.splitlines() if f"{best.trial_id} *" in line)
+    assert f"{recipe.ema_fraction:g}" in best_line or "raw" in best_line
 
     # The recipe's LR multipliers are exactly those the trial trained with, window by window.
     windows = [
@@ -109,6 +119,45 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(tmp_p
     reported = cli("report", "lin", "--storage", str(storage))
     assert reported.returncode == 0, reported.stderr[-3000:]
     check_report(experiment, best.trial_id, windows)
+
+
+def check_journal(experiment: Experiment, study: optuna.Study, rows: list) -> None:
+    """Optuna's multi-fidelity terms: every evaluation an intermediate value at its milestone,
+    stopped trials PRUNED, completed ones COMPLETE at the horizon with the best of the bank;
+    every fraction's loss reaches the study."""
+    from optuna.trial import TrialState
+
+    assert len(study.trials) == len(rows)
+    by_id = {t.user_attrs["trial_id"]: t for t in study.trials}
+    assert set(by_id) == {r.trial_id for r in rows}
+    for row in rows:
+        trial = by_id[row.trial_id]
+        history = experiment.read_trial_json(row.trial_id, "metrics.json")
+        assert trial.intermediate_values == {h["milestone"]: h["val_loss"] for h in history}
+        expected = TrialState.PRUNED if row.state == "stopped" else TrialState.COMPLETE
+        assert trial.state == expected, (row.trial_id, row.state, trial.state)
+        final = history[-1]
+        losses = {f: final["val_loss_raw" if f == 0 else f"val_loss_ema/{f:g}"] for f in FRACTIONS}
+        assert trial.user_attrs["ema_fraction"] == min(losses, key=losses.get)
+        assert final["val_loss"] == min(losses.values())
+        if expected == TrialState.COMPLETE:
+            assert trial.value == final["val_loss"] and final["chinchilla"] == 4.0
+
+
+def check_live_searcher_agrees(experiment: Experiment, journal: optuna.Study) -> None:
+    """The searcher Tune saved was told what the journal records: the same states, values
+    and intermediate values for the same configs."""
+    states = sorted(experiment.tune_dir.glob("searcher-state-*.pkl"))
+    with open(states[-1], "rb") as handle:
+        live = pickle.load(handle)["_ot_study"]
+
+    def told(study: optuna.Study) -> dict:
+        return {
+            json.dumps(t.params, sort_keys=True): (t.state, t.value, t.intermediate_values)
+            for t in study.trials
+        }
+
+    assert told(live) == told(journal)
 
 
 PNG = b"\x89PNG\r\n\x1a\n"
