@@ -135,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(handler=_sweep)
 
     transfer = verbs.add_parser(
-        "transfer", help="run the exported recipe to longer horizons against cosine and WSD"
+        "transfer",
+        help="run the exported recipe to longer horizons against tuned cosine, linear-to-zero, "
+        "WSD and schedule-free AdamW",
     )
     transfer.add_argument("name", type=_name, help="the sweep whose recipe to transfer")
     transfer.add_argument(
@@ -149,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         type=_methods,
         default=None,
-        help="comma-separated subset of recipe,constant,poly,cosine,wsd (default: all)",
+        help="comma-separated subset of recipe,constant,schedulefree,cosine,linear,wsd "
+        "(default: all)",
     )
     transfer.add_argument(
         "--workers",
@@ -328,7 +331,13 @@ def _transfer(args: argparse.Namespace) -> int:
     import json
 
     from schedule_search.experiment import Experiment
-    from schedule_search.transfer import METHODS, Unfinished, plan, run_transfer, transfer_base
+    from schedule_search.transfer import (
+        METHODS,
+        Unfinished,
+        build_study,
+        run_transfer,
+        transfer_base,
+    )
 
     sweep = Experiment.named(args.name, args.storage)
     settings = sweep.settings()
@@ -345,7 +354,7 @@ def _transfer(args: argparse.Namespace) -> int:
     targets = args.to or before.get("to") or DEFAULT_TRANSFER_MULTIPLES
     horizons = sorted({base.budget.horizon, *targets})
     methods = args.methods or before.get("methods") or list(METHODS)
-    plan(base, horizons, methods)  # every run's config is valid before Ray starts
+    build_study(sweep, settings, horizons, methods)  # every first run is valid before Ray starts
     launched_as = (before.get("horizons"), set(before.get("methods", [])), before.get("workers"))
     if before and launched_as != (horizons, set(methods), settings.workers):
         raise ConfigError(

@@ -67,6 +67,8 @@ class TrialRow:
     ema_fraction: float = math.nan
     #: (milestone index, Chinchilla multiple, objective) of every evaluation, in order.
     curve: list[tuple[int, float, float]] = field(default_factory=list)
+    #: The last evaluation's loss of every member of the EMA bank, by metric name.
+    bank: dict[str, float] = field(default_factory=dict)
 
 
 def train_run_name(config: dict[str, Any]) -> str:
@@ -193,6 +195,7 @@ class Experiment:
                     "ema_fraction",
                     config.get("config", {}).get("ema", {}).get("objective", math.nan),
                 )
+                row.bank = {k: v for k, v in last.items() if k.startswith("val_loss_")}
                 row.curve = [
                     (int(h.get("milestone", i + 1)), h.get("chinchilla", 0.0), h["val_loss"])
                     for i, h in enumerate(history)

@@ -55,13 +55,11 @@ def trial_state(row_state: str, values: list[float]) -> optuna.trial.TrialState:
     a trial that reached the horizon is COMPLETE (a diverged one with an infinite loss, so a
     sampler learns to avoid its region); one the scheduler stopped early is PRUNED (its loss at
     a lower milestone is not comparable with losses at the horizon); an error is FAIL."""
-    from optuna.trial import TrialState
-
     if row_state == "stopped":
-        return TrialState.PRUNED
+        return optuna.trial.TrialState.PRUNED
     if row_state in ("completed", "diverged") and not any(math.isnan(v) for v in values):
-        return TrialState.COMPLETE
-    return TrialState.FAIL
+        return optuna.trial.TrialState.COMPLETE
+    return optuna.trial.TrialState.FAIL
 
 
 def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -87,7 +85,8 @@ def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
     restored Tune snapshot), in the terms the live searcher is told (`trial_state`): every
     evaluation is an intermediate value at its milestone index, a trial stopped early is
     PRUNED, a completed one COMPLETE with its loss at the horizon. The EMA fraction the loss
-    came from is the `ema_fraction` user attribute."""
+    came from is the `ema_fraction` user attribute; `bank` holds every fraction's loss at the
+    trial's last evaluation."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
     from optuna.trial import TrialState, create_trial
@@ -122,6 +121,7 @@ def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
                     "state": row.state,
                     "chinchilla": row.chinchilla,
                     "ema_fraction": row.ema_fraction,
+                    "bank": row.bank,
                     "reason": row.reason,
                 },
             )

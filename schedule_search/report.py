@@ -1,8 +1,15 @@
-"""Tables and plots from an experiment folder (matplotlib, headless)."""
+"""The transfer's table, JSON and plots (matplotlib, headless).
+
+Every row is scored by its own protocol (the recipe with its EMA fraction, constant + EMA with
+the best of its bank, schedule-free AdamW at its averaged weights, WSD and the envelopes at the
+last iterate) and compared with two envelopes computed from the same runs: the paper's (each
+cosine or linear-to-zero run at its last iterate) and one where every run counts with the best
+member of its EMA bank. `transfer.json` keeps every run's loss at every horizon it reached.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import io
 import json
 import math
 from pathlib import Path
@@ -13,158 +20,313 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from schedule_search.averaging import loss_key
 from schedule_search.checkpoint import atomic_write_bytes, atomic_write_text
 from schedule_search.config import parse
-from schedule_search.experiment import Experiment
 from schedule_search.train import TrainConfig
-from schedule_search.transfer import TransferPlan, histories, loss_at
+from schedule_search.transfer_plan import (
+    WSD,
+    History,
+    TransferStudy,
+    best_of_bank,
+    last_iterate,
+)
 
 
 def save_figure(figure: plt.Figure, path: Path) -> None:
-    import io
-
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     plt.close(figure)
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def transfer_table(plan: TransferPlan, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Validation loss per horizon per method, and each method's gap to the cosine envelope."""
-    horizons = plan.horizons
-    envelope, envelope_run = {}, {}
-    for h in horizons:
-        candidates = {
-            name: loss_at(history, h)
-            for name, history in runs.items()
-            if name.startswith(f"cosine-{h:g}x-")
+def _row_at(history: History, horizon: float) -> dict[str, Any] | None:
+    return next((r for r in history if math.isclose(r["chinchilla"], horizon)), None)
+
+
+def _value(history: History, horizon: float, score: str) -> float:
+    row = _row_at(history, horizon)
+    if row is None:
+        return math.nan
+    if score == "last":
+        return last_iterate(row)
+    if score == "ema":
+        return best_of_bank(row)[0]
+    return row.get(score, math.nan)
+
+
+def _envelope(
+    study: TransferStudy, kind: str, runs: dict[str, History], score: str
+) -> dict[float, tuple[float, str | None, bool]]:
+    """horizon -> (best loss, its run, whether that best is interior in its grid)."""
+    out = {}
+    for h in study.horizons:
+        spec = study.grid(kind, h, runs)
+        if spec is None:
+            out[h] = (math.nan, None, False)
+            continue
+        losses = {
+            spec.run_name(lr): loss
+            for lr, loss in spec.losses(runs, score).items()
+            if math.isfinite(loss)
         }
-        finite = {n: v for n, v in candidates.items() if math.isfinite(v)}
-        envelope[h] = min(finite.values()) if finite else math.nan
-        envelope_run[h] = min(finite, key=finite.get) if finite else None
-    methods: dict[str, dict[float, float]] = {}
-    for name, label in (
-        ("recipe", "recipe (anytime + EMA)"),
-        ("constant", "constant + EMA"),
-        ("poly", "1/sqrt + EMA"),
-    ):
-        if name in runs:
-            methods[label] = {h: loss_at(runs[name], h) for h in horizons}
-    if plan.branches:
-        methods["WSD (last iterate)"] = {
-            h: loss_at(runs.get(f"wsd-{h:g}x", []), h) for h in horizons
-        }
-    top = max(horizons)
-    if envelope_run.get(top):
-        methods[f"cosine tuned for {top:g}x"] = {
-            h: loss_at(runs[envelope_run[top]], h) for h in horizons
-        }
-    methods["cosine envelope"] = envelope
-    gaps = {m: {h: v[h] - envelope[h] for h in horizons} for m, v in methods.items()}
+        if not losses:
+            out[h] = (math.nan, None, False)
+            continue
+        best = min(losses, key=losses.get)
+        out[h] = (losses[best], best, spec.state(runs, score).interior)
+    return out
+
+
+def _merged(first: History, then: History, upto: float) -> History:
+    return [r for r in first if r["chinchilla"] <= upto + 1e-9] + then
+
+
+def transfer_table(
+    study: TransferStudy, runs: dict[str, History], sweep_history: History | None = None
+) -> dict[str, Any]:
+    """Rows of loss per horizon with their gaps to both envelopes, the compute of each row,
+    and the envelopes' runs and grid marks."""
+    horizons, top = study.horizons, study.top
+    rows: dict[str, dict[str, Any]] = {}
+
+    def add(label: str, loss: dict[float, float], compute: float, note: str = "") -> None:
+        rows[label] = {"loss": loss, "compute": compute, "note": note}
+
+    if "recipe" in runs:
+        history, compute, label = runs["recipe"], top, "recipe (anytime + EMA)"
+        if study.continue_from is not None and sweep_history:
+            history = _merged(sweep_history, history, study.sweep_horizon)
+            compute = top - study.sweep_horizon
+            label = (
+                f"recipe (continued from trial {study.continued_trial} at {study.sweep_horizon:g}x)"
+            )
+        key = loss_key(study.recipe_fraction)
+        note = f"EMA fraction {study.recipe_fraction:g}"
+        if study.continue_from is not None:
+            note += f"; {study.sweep_horizon:g}x of compute saved by continuing"
+        add(label, {h: _value(history, h, key) for h in horizons}, compute, note)
+    if "constant" in runs:
+        add(
+            "constant + EMA (best of bank)",
+            {h: _value(runs["constant"], h, "ema") for h in horizons},
+            top,
+        )
+    if "schedulefree" in study.methods:
+        spec = study.schedulefree_grid()
+        best = spec.state(runs).best_lr
+        if best is not None:
+            history = _merged(runs[spec.run_name(best)], runs.get("schedulefree", []), spec.horizon)
+            grid = [n for n in runs if spec.lr_of(n) is not None]
+            add(
+                f"schedule-free AdamW (averaged weights, LR {best:.3g})",
+                {h: _value(history, h, "last") for h in horizons},
+                spec.horizon * len(grid) + max(0.0, top - spec.horizon),
+                f"LR picked at {spec.horizon:g}x from {len(grid)} runs",
+            )
+    for prefix, (share, cooldown, floor) in WSD.items():
+        names = {h: f"{prefix}-{h:g}x" for h in horizons}
+        if any(n in runs for n in names.values()):
+            add(
+                f"WSD, {'1 - sqrt' if cooldown == 'sqrt' else 'linear'} to {floor:g} over the "
+                f"last {share:.0%} (last iterate)",
+                {h: _value(runs.get(n, []), h, "last") for h, n in names.items()},
+                sum(share * h for h in horizons),
+                "branches of the constant run (its compute not counted again)",
+            )
+    envelopes = {}
+    for kind in ("cosine", "linear"):
+        if kind not in study.methods:
+            continue
+        envelopes[kind] = {s: _envelope(study, kind, runs, s) for s in ("last", "ema")}
+        compute = sum(h for n in runs for h in horizons if n.startswith(f"{kind}-{h:g}x-"))
+        name = "cosine" if kind == "cosine" else "linear-to-zero"
+        add(f"{name} envelope (last iterate)", _losses(envelopes[kind]["last"]), compute)
+        if kind == "cosine":
+            best_top = envelopes[kind]["last"][top][1]
+            if best_top is not None:
+                tuned = {h: _value(runs[best_top], h, "last") for h in horizons}
+                add(f"cosine tuned for {top:g}x (last iterate)", tuned, top, best_top)
+    both_last = _best_of(envelopes, "last", horizons)
+    both_ema = _best_of(envelopes, "ema", horizons)
+    if envelopes:
+        add("envelope (best of both, last iterate)", both_last, 0.0, "the rows above")
+        add("envelope with EMA (each run's best EMA)", both_ema, 0.0, "the same runs")
+    for row in rows.values():
+        row["gap_last"] = {h: row["loss"][h] - both_last.get(h, math.nan) for h in horizons}
+        row["gap_ema"] = {h: row["loss"][h] - both_ema.get(h, math.nan) for h in horizons}
     return {
         "horizons": horizons,
-        "loss": {m: {f"{h:g}": v for h, v in values.items()} for m, values in methods.items()},
-        "gap_to_envelope": {m: {f"{h:g}": v for h, v in g.items()} for m, g in gaps.items()},
-        "envelope_runs": {f"{h:g}": envelope_run[h] for h in horizons},
+        "rows": {label: _keyed(row) for label, row in rows.items()},
+        "envelope_runs": {
+            kind: {
+                score: {f"{h:g}": {"run": r, "interior": i} for h, (_, r, i) in by_h.items()}
+                for score, by_h in scores.items()
+            }
+            for kind, scores in envelopes.items()
+        },
     }
+
+
+def _losses(envelope: dict[float, tuple[float, str | None, bool]]) -> dict[float, float]:
+    return {h: loss for h, (loss, _, _) in envelope.items()}
+
+
+def _best_of(envelopes: dict, score: str, horizons: list[float]) -> dict[float, float]:
+    out = {}
+    for h in horizons:
+        values = [e[score][h][0] for e in envelopes.values() if math.isfinite(e[score][h][0])]
+        out[h] = min(values) if values else math.nan
+    return out
+
+
+def _keyed(row: dict[str, Any]) -> dict[str, Any]:
+    """Horizons as JSON keys ('4', '8', ...)."""
+    return {
+        k: {f"{h:g}": v for h, v in value.items()} if isinstance(value, dict) else value
+        for k, value in row.items()
+    }
+
+
+def run_table(runs: dict[str, Any], study: TransferStudy) -> dict[str, Any]:
+    """Every run: where it lies, its schedule and LR, its compute, and its loss at every
+    horizon it reached (objective, last iterate, best EMA and which)."""
+    out = {}
+    for name, record in runs.items():
+        config = record.config
+        start = 0.0
+        if config.get("branch_from"):
+            schedule = config["schedule"]
+            start = (
+                (1 - schedule["decay_fraction"]) * config["budget"]["horizon"]
+                if schedule["kind"] == "wsd"
+                else study.sweep_horizon
+            )
+        losses = {}
+        for row in record.history:
+            best, frac = best_of_bank(row)
+            losses[f"{row['chinchilla']:g}"] = {
+                "objective": row.get("val_loss", math.nan),
+                "last_iterate": last_iterate(row),
+                "best_ema": best,
+                "best_ema_fraction": frac,
+            }
+        out[name] = {
+            "where": record.where,
+            "optimizer": config.get("optimizer", {}).get("name"),
+            "lr": config.get("optimizer", {}).get("lr"),
+            "schedule": config.get("schedule"),
+            "branch_from": config.get("branch_from"),
+            "compute": config.get("budget", {}).get("horizon", 0.0) - start,
+            "losses": losses,
+        }
+    return out
 
 
 def _markdown(table: dict[str, Any]) -> str:
     horizons = [f"{h:g}" for h in table["horizons"]]
+    marks = _edge_marks(table)
     lines = [
-        "| method | " + " | ".join(f"{h}x loss (gap)" for h in horizons) + " |",
-        "| --- | " + " | ".join("---" for _ in horizons) + " |",
+        "| method | "
+        + " | ".join(f"{h}x loss (gap: last iterate / EMA)" for h in horizons)
+        + " | compute (Chinchilla multiples) |",
+        "| --- | " + " | ".join("---" for _ in horizons) + " | --- |",
     ]
-    for method, losses in table["loss"].items():
+    for label, row in table["rows"].items():
         cells = []
         for h in horizons:
-            loss, gap = losses[h], table["gap_to_envelope"][method][h]
-            cells.append(f"{loss:.4f} ({gap:+.4f})" if math.isfinite(loss) else "n/a")
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+            loss = row["loss"][h]
+            if not math.isfinite(loss):
+                cells.append("n/a")
+                continue
+            mark = marks.get((label, h), "")
+            cells.append(f"{loss:.4f}{mark} ({row['gap_last'][h]:+.4f} / {row['gap_ema'][h]:+.4f})")
+        compute = f"{row['compute']:g}" if row["compute"] else "-"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {compute} |")
+    if marks:
+        lines += ["", "\\* the best LR of this grid is at an edge the bound would not move."]
     return "\n".join(lines) + "\n"
 
 
+def _edge_marks(table: dict[str, Any]) -> dict[tuple[str, str], str]:
+    marks = {}
+    for kind, scores in table["envelope_runs"].items():
+        name = "cosine" if kind == "cosine" else "linear-to-zero"
+        for h, best in scores["last"].items():
+            if best["run"] is not None and not best["interior"]:
+                marks[(f"{name} envelope (last iterate)", h)] = "*"
+    return marks
+
+
 def write_transfer_report(
-    root: Path, plan: TransferPlan, phases: list[Experiment], base: TrainConfig
+    root: Path, study: TransferStudy, records: dict[str, Any], sweep_history: History
 ) -> dict[str, Any]:
-    runs = histories(phases)
-    for method, run in plan.same_as.items():
-        runs[method] = runs.get(run, [])
-    table = transfer_table(plan, runs)
+    runs = {name: record.history for name, record in records.items()}
+    table = transfer_table(study, runs, sweep_history)
+    table["runs"] = run_table(records, study)
     atomic_write_text(root / "transfer.json", json.dumps(table, indent=1))
     atomic_write_text(
         root / "transfer.md",
-        "# Transfer: validation loss per horizon, (gap to the cosine envelope)\n\n"
-        + _markdown(table),
+        "# Transfer: validation loss per horizon, (gap to the envelope at the last iterate / "
+        "with each run's best EMA)\n\n" + _markdown(table),
     )
-    _plot_losses(root / "loss_vs_tokens.png", plan, runs, table)
-    _plot_lrs(root / "lr_curves.png", plan, base)
+    _plot_losses(root / "loss_vs_tokens.png", study, runs, table)
+    _plot_lrs(root / "lr_curves.png", study, records)
     return table
 
 
-def _plot_losses(path: Path, plan: TransferPlan, runs: dict, table: dict) -> None:
+def _plot_losses(path: Path, study: TransferStudy, runs: dict[str, History], table: dict) -> None:
     figure, axis = plt.subplots(figsize=(8, 5))
-    for name in ("recipe", "constant", "poly"):
-        history = runs.get(name) or []
-        if history:
-            axis.plot(
-                [r["tokens"] for r in history],
-                [r["val_loss"] for r in history],
-                marker="o",
-                label=name,
-            )
+    tokens_at = {}
+    for history in runs.values():
+        for row in history:
+            tokens_at[row["chinchilla"]] = row["tokens"]
+    for label, row in table["rows"].items():
+        points = [
+            (tokens_at[h], row["loss"][f"{h:g}"])
+            for h in study.horizons
+            if h in tokens_at and math.isfinite(row["loss"][f"{h:g}"])
+        ]
+        if not points:
+            continue
+        style = "k*--" if label.startswith("envelope") else "o-"
+        axis.plot(*zip(*points, strict=True), style, label=label, markersize=6)
     for name, history in runs.items():
-        if name.startswith("cosine-") and history:
+        if name.startswith(("cosine-", "linear-")) and history:
             axis.plot(
                 [r["tokens"] for r in history],
-                [r["val_loss"] for r in history],
+                [last_iterate(r) for r in history],
                 color="grey",
-                alpha=0.3,
+                alpha=0.25,
                 linewidth=1,
             )
-    envelope = table["loss"]["cosine envelope"]
-    points = [
-        (runs[run][-1]["tokens"], envelope[f"{h:g}"])
-        for h, run in zip(plan.horizons, table["envelope_runs"].values(), strict=True)
-        if run is not None
-    ]
-    if points:
-        axis.plot(*zip(*points, strict=True), "k*--", markersize=10, label="cosine envelope")
-    wsd = [(runs[n][-1]["tokens"], runs[n][-1]["val_loss"]) for n in plan.branches if runs.get(n)]
-    if wsd:
-        axis.plot(*zip(*wsd, strict=True), "rs", label="WSD (last iterate)")
     axis.set_xscale("log")
     axis.set_xlabel("tokens")
     axis.set_ylabel("validation loss")
-    axis.legend()
+    axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
     save_figure(figure, path)
 
 
-def _plot_lrs(path: Path, plan: TransferPlan, base: TrainConfig) -> None:
-    top = max(plan.horizons)
+def _plot_lrs(path: Path, study: TransferStudy, records: dict[str, Any]) -> None:
+    top = study.top
     grid = [top * i / 400 for i in range(401)]
     figure, axis = plt.subplots(figsize=(8, 4))
-    curves = {
-        "recipe": plan.runs.get("recipe"),
-        "constant": plan.runs.get("constant"),
-        "1/sqrt": plan.runs.get("poly"),
-    }
-    cosine_top = plan.runs.get(f"cosine-{top:g}x-lr1")
-    if cosine_top:
-        curves[f"cosine T={top:g}x"] = cosine_top
-    for label, config in curves.items():
-        if config is None:
-            continue
-        parsed = parse(TrainConfig, config, label)
-        schedule = parsed.schedule.build(1.0)  # t in Chinchilla multiples
-        axis.plot(grid, [parsed.optimizer.lr * schedule(t) for t in grid], label=label)
-    if plan.branches and "constant" in plan.runs:
-        wsd = dataclasses.replace(base.schedule, kind="wsd", horizon=top, decay_fraction=0.1)
-        schedule = wsd.build(1.0)
-        axis.plot(
-            grid, [base.optimizer.lr * schedule(t) for t in grid], "--", label=f"WSD T={top:g}x"
-        )
+    shown = {"recipe": "recipe", "constant": "constant"}
+    for name, label in shown.items():
+        if name in records:
+            parsed = parse(TrainConfig, records[name].config, label)
+            schedule = parsed.schedule.build(1.0)  # t in Chinchilla multiples
+            axis.plot(grid, [parsed.optimizer.lr * schedule(t) for t in grid], label=label)
+    for kind in ("cosine", "linear"):
+        spec = study.grid(kind, top, {n: r.history for n, r in records.items()})
+        best = spec.state({n: r.history for n, r in records.items()}).best_lr if spec else None
+        if best is not None and spec.run_name(best) in records:
+            parsed = parse(TrainConfig, records[spec.run_name(best)].config, kind)
+            schedule = parsed.schedule.build(1.0)
+            axis.plot(
+                grid, [parsed.optimizer.lr * schedule(t) for t in grid], label=f"{kind} T={top:g}x"
+            )
     axis.set_xlabel("Chinchilla multiple")
     axis.set_ylabel("learning rate")
     axis.legend()

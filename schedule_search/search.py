@@ -169,10 +169,13 @@ class MilestoneOptunaSearch(OptunaSearch):
         if isinstance(self.metric, list) or trial_id in self._completed_trials:
             return  # Optuna keeps no intermediate values for multi-objective studies
         trial = self._ot_trials.get(trial_id)
-        if trial is not None and "milestone" in result:
-            step = int(result["milestone"])
-            if step not in trial.storage.get_trial(trial._trial_id).intermediate_values:
-                trial.report(float(result[self.metric]), step)
+        if trial is None or "milestone" not in result:
+            return
+        reported = self.__dict__.setdefault("_steps_reported", {}).setdefault(trial_id, set())
+        step = int(result["milestone"])
+        if step not in reported:  # a resumed trial reports its last milestone again
+            trial.report(float(result[self.metric]), step)
+            reported.add(step)
 
     def on_trial_complete(
         self, trial_id: str, result: dict | None = None, error: bool = False

@@ -10,10 +10,12 @@ torch.distributed run; the Ray Train session lives with the search code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -36,11 +38,17 @@ CHECKPOINT_FORMAT = 1
 
 @dataclass
 class OptimizerConfig:
-    """AdamW (weight decay 0 by default, as in the paper) or SGD, at peak LR `lr`."""
+    """AdamW (weight decay 0 by default, as in the paper), SGD, or schedule-free AdamW
+    (Defazio et al. 2024, the `schedulefree` package), at peak LR `lr`.
+
+    Schedule-free AdamW keeps its averaged weights inside the optimizer and is evaluated with
+    them (`evaluation_weights`); run it with a constant schedule (warmup included: the LR the
+    loop sets is the one it steps with). Its average weighs every optimizer step alike, so
+    with windows of variable length a step of few tokens counts as much as a long one."""
 
     __pydantic_config__ = STRICT
 
-    name: Literal["adamw", "sgd"] = "adamw"
+    name: Literal["adamw", "sgd", "schedulefree_adamw"] = "adamw"
     lr: Positive = 3e-3
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (
         0.9,
@@ -55,9 +63,38 @@ class OptimizerConfig:
             return torch.optim.SGD(
                 params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
             )
+        if self.name == "schedulefree_adamw":
+            from schedulefree import AdamWScheduleFree
+
+            optimizer = AdamWScheduleFree(
+                params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay
+            )
+            optimizer.train()
+            return optimizer
         return torch.optim.AdamW(
             params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay
         )
+
+
+@contextlib.contextmanager
+def evaluation_weights(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """The model holds the weights it is evaluated with inside this block: for schedule-free
+    AdamW its averaged weights x (its `eval()` switch); after it, the training point y comes
+    back bit for bit (copied back, not recomputed by `train()`'s interpolation, so a rank that
+    evaluated stays identical to one that did not). Other optimizers leave the weights alone."""
+    switch = getattr(optimizer, "eval", None)
+    if switch is None:
+        yield
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    training_point = [p.detach().clone() for p in params]
+    switch()
+    try:
+        yield
+    finally:
+        optimizer.train()  # type: ignore[attr-defined]
+        with torch.no_grad():
+            torch._foreach_copy_([p.detach() for p in params], training_point)
 
 
 @dataclass
@@ -276,7 +313,7 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
                 "n_params": horizon.n_params,
                 "tokens_per_reference_step": horizon.tokens_per_reference_step,
                 **stats.summary(),
-                **_evaluate(task, model, ema, config.ema, session, autocast),
+                **_evaluate(task, model, optimizer, ema, config.ema, session, autocast),
             }
             progress.wall_s = time.monotonic() - started
             progress.eval_s += time.monotonic() - paused
@@ -313,6 +350,7 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
 def _evaluate(
     task: Task,
     model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
     ema: EmaBank,
     config: EmaConfig,
     session: Session,
@@ -324,10 +362,11 @@ def _evaluate(
     metrics: dict[str, float] = {}
     if session.rank == 0:
         losses = {}
-        for frac in config.fractions:
-            with ema.swapped_in(frac), autocast:
-                losses[frac] = task.evaluate(model)
-            metrics[loss_key(frac)] = losses[frac]
+        with evaluation_weights(optimizer):
+            for frac in config.fractions:
+                with ema.swapped_in(frac), autocast:
+                    losses[frac] = task.evaluate(model)
+                metrics[loss_key(frac)] = losses[frac]
         metrics["ema_fraction"], metrics["val_loss"] = config.pick(losses)
     if session.world_size > 1:
         shared = [metrics]

@@ -1,22 +1,20 @@
-"""Transfer: run the exported recipe to longer horizons, against a cosine envelope and WSD.
+"""Transfer: run the exported recipe to longer horizons against the references a skeptic would
+pick (what runs: `transfer_plan`), round by round, and write the table.
 
-One anytime run of the recipe to the largest multiple, evaluated at every multiple on the way;
-beside it, for comparison, constant + EMA and poly (1/sqrt) + EMA at the recipe's LR. The
-baselines: cosine with T at each horizon over an LR grid around the recipe's LR (the envelope is
-the best per horizon), and WSD branched from the constant run's checkpoint at 90% of each
-horizon, decaying linearly to 10% of peak, evaluated at the last iterate.
-
-Phase 1 runs everything that starts from scratch; phase 2 the WSD branches, which need the
-constant run's checkpoints. Both are Tune experiments of core-trainer trials (the sweep's own
-machinery), so a killed transfer resumes without redoing finished runs.
+Each round is a Tune experiment of core-trainer trials (the sweep's own machinery) holding
+every run that can start given the runs finished before it: the first round trains the recipe
+(continued from the sweep's checkpoint), the constant trunk and the start points of the LR
+grids; later rounds extend grids whose best LR is at an edge, start linear-to-zero grids around
+cosine's best, branch WSD off the trunk and continue schedule-free AdamW's best LR. Rounds are
+decided from finished results only, so a killed transfer, run again, resumes the round it was in
+and decides the same rounds after it.
 """
 
 from __future__ import annotations
 
-import copy
+import itertools
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,60 +23,52 @@ from schedule_search.clock import Horizon
 from schedule_search.config import ConfigError, parse, to_dict
 from schedule_search.experiment import Experiment, SweepSettings
 from schedule_search.train import TrainConfig
+from schedule_search.transfer_plan import METHODS, History, TransferStudy
 
-METHODS = ("recipe", "constant", "poly", "cosine", "wsd")
-LR_GRID = (0.5, 1.0, 2.0)
-WSD_BRANCH = 0.9  # branch at 90% of the horizon, decay over the last 10%
-FLOOR = 0.1
+__all__ = ["METHODS", "Unfinished", "build_study", "run_transfer", "transfer_base"]
 
 
-@dataclass
-class TransferPlan:
-    """Everything a transfer runs, by name, and the horizons it reports."""
-
-    horizons: list[float]
-    runs: dict[str, dict[str, Any]]  # name -> TrainConfig as a dict
-    branches: dict[str, float]  # WSD run name -> its horizon
-    same_as: dict[str, str] = field(default_factory=dict)  # a method -> the run it would repeat
-
-
-def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str]:
-    """The full training config of the trial the sweep exported (or would export)."""
+def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str, float]:
+    """The full training config of the trial the sweep exported (or would export), its id,
+    and the EMA fraction the recipe evaluates with."""
     recipe_path = sweep.root / "recipe.yaml"
+    horizon = _sweep_horizon(sweep)
     if recipe_path.is_file():
         from schedule_search.recipe import load_recipe
 
-        trial_id = load_recipe(recipe_path).spec.source["trial_id"]
+        spec = load_recipe(recipe_path).spec
+        trial_id, fraction = spec.source["trial_id"], float(spec.ema.objective)
     else:
-        best = sweep.best(_sweep_horizon(sweep))
+        best = sweep.best(horizon)
         if best is None:
             raise ConfigError(
                 f"{sweep.root}: no trial has reached the horizon; nothing to transfer"
             )
-        trial_id = best.trial_id
+        trial_id, fraction = best.trial_id, float(best.ema_fraction)
     record = sweep.read_trial_json(trial_id, "config.json")
     if record is None:
         raise ConfigError(f"{sweep.root}: trial {trial_id} of the recipe has no config.json")
-    return parse(TrainConfig, record["config"], f"trial {trial_id}"), trial_id
+    return parse(TrainConfig, record["config"], f"trial {trial_id}"), trial_id, fraction
 
 
 def transfer_base(sweep: Experiment, workers: int) -> tuple[TrainConfig, str]:
-    """The recipe's config for runs on `workers` workers. A window of micro-batches is counted
-    per rank, so on another number of workers it is rescaled to keep the recipe's tokens per
-    optimizer step (its batch size, which its LR was tuned for)."""
-    base, trial_id = recipe_config(sweep)
-    tuned_on = sweep.settings().workers
-    if workers == tuned_on or base.window.policy != "microbatches":
-        return base, trial_id
-    total = base.window.microbatches * tuned_on
-    if total % workers:
-        raise ConfigError(
-            f"--workers {workers}: the recipe steps every {total} micro-batches "
-            f"({base.window.microbatches} per rank on {tuned_on} workers), which {workers} "
-            "workers cannot split evenly"
-        )
+    """The recipe's config for runs on `workers` workers, scored with the recipe's EMA
+    fraction. A window of micro-batches is counted per rank, so on another number of workers
+    it is rescaled to keep the recipe's tokens per optimizer step (its batch size, which its LR
+    was tuned for)."""
+    base, trial_id, fraction = recipe_config(sweep)
     tree = to_dict(base)
-    tree["window"]["microbatches"] = total // workers
+    tree["ema"]["objective"] = fraction
+    tuned_on = sweep.settings().workers
+    if workers != tuned_on and base.window.policy == "microbatches":
+        total = base.window.microbatches * tuned_on
+        if total % workers:
+            raise ConfigError(
+                f"--workers {workers}: the recipe steps every {total} micro-batches "
+                f"({base.window.microbatches} per rank on {tuned_on} workers), which {workers} "
+                "workers cannot split evenly"
+            )
+        tree["window"]["microbatches"] = total // workers
     return parse(TrainConfig, tree, f"trial {trial_id} on {workers} workers"), trial_id
 
 
@@ -88,84 +78,154 @@ def _sweep_horizon(sweep: Experiment) -> float:
     return trial_config(load_space(sweep.root / "space.yaml"), {}).budget.horizon
 
 
-def _milestones(horizons: list[float], up_to: float, extra: list[float] = ()) -> list[float]:
-    points, m = set(extra), 0.25
-    while m < up_to:
-        points.add(m)
-        m *= 2
-    points |= {h for h in horizons if h < up_to}
-    return sorted(p for p in points if p < up_to)
+def continuation(sweep: Experiment, trial_id: str, base: TrainConfig, workers: int) -> str | None:
+    """The sweep trial's checkpoint at the sweep's horizon, when the recipe run can continue
+    from it: the same config (but for its budget and its objective), the same workers (so the
+    same tokens per step and the same micro-batches), and a checkpoint that got there."""
+    record = sweep.read_trial_json(trial_id, "config.json") or {}
+    history = sweep.read_trial_json(trial_id, "metrics.json") or []
+    if workers != sweep.settings().workers or not history or "config" not in record:
+        return None
+    ignored = {"budget", "checkpoint", "branch_from"}
+    trained, ours = (json.loads(json.dumps(tree)) for tree in (record["config"], to_dict(base)))
+    for tree in (trained, ours):
+        tree["ema"]["objective"] = None
+    if {k: v for k, v in trained.items() if k not in ignored} != {
+        k: v for k, v in ours.items() if k not in ignored
+    }:
+        return None
+    horizon = Horizon(**_horizon_of(history[-1], base))
+    needed = horizon.tokens(_sweep_horizon(sweep))
+    folders = ckpt.checkpoint_folders(sweep.train_run_dir(trial_id))
+    reached = [f for f in folders if _tokens(f) >= needed]
+    return str(reached[0]) if reached else None
 
 
-def plan(
-    base: TrainConfig, horizons: list[float], methods: list[str], lr_grid=LR_GRID
-) -> TransferPlan:
-    """The runs of a transfer study from the recipe's config `base`."""
-    top = max(horizons)
-    tree = to_dict(base)
-    tree["branch_from"] = None
-    fractions = sorted(set(tree["ema"]["fractions"]) | {0.0})
-    tree["ema"]["fractions"] = fractions
+def build_study(
+    sweep: Experiment, settings: SweepSettings, horizons: list[float], methods: list[str]
+) -> tuple[TransferStudy, str]:
+    """The transfer of the sweep's recipe to `horizons` on `settings.workers` workers."""
+    base, trial_id = transfer_base(sweep, settings.workers)
+    start = continuation(sweep, trial_id, base, settings.workers) if "recipe" in methods else None
+    study = TransferStudy(
+        base, horizons, methods, base.budget.horizon, start, trial_id if start else None
+    )
+    study.pending({}, lambda run, multiple: Path())  # every first-round config is valid
+    return study, trial_id
 
-    def variant(**changes: Any) -> dict[str, Any]:
-        run = copy.deepcopy(tree)
-        for section, values in changes.items():
-            if isinstance(values, dict):
-                run[section].update(values)
-            else:
-                run[section] = values
-        return run
 
-    anytime_budget = {"horizon": top, "eval_at": _milestones(horizons, top)}
-    runs: dict[str, dict[str, Any]] = {}
-    if "recipe" in methods:
-        runs["recipe"] = variant(budget=anytime_budget)
-    if "constant" in methods or "wsd" in methods:
-        branch_points = [WSD_BRANCH * h for h in horizons] if "wsd" in methods else []
-        runs["constant"] = variant(
-            schedule={"kind": "constant"},
-            budget={"horizon": top, "eval_at": _milestones(horizons, top, branch_points)},
-            checkpoint={"keep": 10_000, "every_windows": 0},  # the WSD branch points stay
+def run_transfer(
+    sweep: Experiment,
+    settings: SweepSettings,
+    horizons: list[float],
+    methods: list[str],
+    resume: bool,
+) -> Path:
+    """Run (or resume) the transfer study of `sweep`; returns the folder of its results."""
+    from schedule_search.search import ray_session
+
+    study, trial_id = build_study(sweep, settings, horizons, methods)
+    root = sweep.root / "transfer"
+    root.mkdir(parents=True, exist_ok=True)
+    ckpt.atomic_write_text(
+        root / "plan.json",
+        json.dumps(
+            {
+                "recipe_trial": trial_id,
+                "continued_from": study.continue_from,
+                "horizons": study.horizons,
+                "to": [h for h in study.horizons if h != study.sweep_horizon],
+                "methods": methods,
+                "workers": settings.workers,
+                "concurrency": settings.concurrency,
+            },
+            indent=1,
+        ),
+    )
+    with ray_session(settings):
+        records = _run_rounds(study, root, settings, resume)
+    from schedule_search.report import write_transfer_report
+
+    sweep_history = sweep.read_trial_json(trial_id, "metrics.json") or []
+    write_transfer_report(root, study, records, sweep_history)
+    return root
+
+
+def _run_rounds(
+    study: TransferStudy, root: Path, settings: SweepSettings, resume: bool
+) -> dict[str, RunRecord]:
+    """Every round until nothing is pending; what each run did."""
+    from ray import tune
+
+    from schedule_search.search import run_tune
+
+    finished: dict[str, History] = {}
+    where: dict[str, tuple[Experiment, str]] = {}
+
+    def checkpoint_at(run: str, multiple: float) -> Path:
+        phase, trial = where[run]
+        horizon = Horizon(**_horizon_of(finished[run][-1], study.base))
+        tokens = horizon.tokens(multiple)
+        for folder in ckpt.checkpoint_folders(phase.train_run_dir(trial)):
+            if _tokens(folder) >= tokens:
+                return folder
+        raise RuntimeError(f"run {run} has no checkpoint at or after {multiple:g}x")
+
+    for number in itertools.count(1):
+        pending = study.pending(finished, checkpoint_at)
+        if not pending:
+            break
+        phase = Experiment(root / f"round{number}")
+        # Longest runs first: with runs in parallel, a long run started last would train alone.
+        names = sorted(pending, key=lambda n: (-_span(pending[n], study)[1], n))
+        if not _all_finished(phase, names):
+            run_tune(
+                phase,
+                settings,
+                PlannedRuns(pending),
+                tune.TuneConfig(max_concurrent_trials=settings.concurrency),
+                {"run": tune.grid_search(names)},
+                _live_view({n: _span(pending[n], study) for n in names}),
+                resume and phase.tune_dir.exists(),
+            )
+        _require_finished(phase, names)
+        for name, trial in run_names(phase).items():
+            finished[name] = phase.read_trial_json(trial, "metrics.json") or []
+            where[name] = (phase, trial)
+    return {
+        name: RunRecord(
+            history=finished[name],
+            config=(phase.read_trial_json(trial, "config.json") or {}).get("config", {}),
+            where=f"{phase.root.name}/{trial}",
         )
-    if "poly" in methods:
-        runs["poly"] = variant(schedule={"kind": "poly", "gamma": 0.5}, budget=anytime_budget)
-    if "cosine" in methods:
-        for h in horizons:
-            for factor in lr_grid:
-                runs[f"cosine-{h:g}x-lr{factor:g}"] = variant(
-                    schedule={"kind": "cosine", "horizon": h, "floor": FLOOR},
-                    optimizer={"lr": base.optimizer.lr * factor},
-                    ema={"fractions": [0.0], "objective": 0.0},
-                    budget={"horizon": h, "eval_at": _milestones(horizons, h)},
-                )
-    same_as = {}
-    if runs.get("poly") is not None and runs.get("poly") == runs.get("recipe"):
-        same_as["poly"] = "recipe"  # the recipe is 1/sqrt + EMA itself: run it once
-        del runs["poly"]
-    branches = {f"wsd-{h:g}x": h for h in horizons} if "wsd" in methods else {}
-    for name, config in runs.items():  # validate now, not inside a trial
-        parse(TrainConfig, config, f"transfer run {name}")
-    return TransferPlan(sorted(horizons), runs, branches, same_as)
+        for name, (phase, trial) in where.items()
+    }
 
 
-def branch_config(plan_: TransferPlan, name: str, trunk_checkpoint: Path) -> dict[str, Any]:
-    h = plan_.branches[name]
-    run = copy.deepcopy(plan_.runs["constant"])
-    run["schedule"].update(kind="wsd", horizon=h, decay_fraction=1 - WSD_BRANCH, floor=FLOOR)
-    run["ema"]["objective"] = 0.0  # WSD is evaluated at the last iterate
-    run["budget"].update(horizon=h, eval_at=[])
-    run["checkpoint"] = {"keep": 2, "every_windows": 0}
-    run["branch_from"] = str(trunk_checkpoint)
-    return run
+@dataclass
+class RunRecord:
+    """A finished transfer run: its evaluations, its training config, and where it lies
+    (`round<k>/<trial id>` under transfer/)."""
+
+    history: History
+    config: dict[str, Any]
+    where: str
 
 
-def trunk_checkpoint(transfer: Experiment, constant_trial: str, tokens: int) -> Path:
-    """The constant run's first checkpoint at or after `tokens` (its evaluation at 0.9 h)."""
-    folders = ckpt.checkpoint_folders(transfer.train_run_dir(constant_trial))
-    for folder in folders:
-        if int(folder.name.removeprefix(ckpt.PREFIX)) >= tokens:
-            return folder
-    raise RuntimeError(f"the constant run has no checkpoint at or after {tokens} tokens")
+def _span(config: dict[str, Any], study: TransferStudy) -> tuple[float, float]:
+    """The Chinchilla multiples a run trains over: a branch or continuation starts where its
+    checkpoint is."""
+    end = config["budget"]["horizon"]
+    if config.get("branch_from") is None:
+        return 0.0, end
+    schedule = config["schedule"]
+    if schedule["kind"] == "wsd":
+        return (1 - schedule["decay_fraction"]) * end, end
+    return study.sweep_horizon, end
+
+
+def _tokens(folder: Path) -> int:
+    return int(folder.name.removeprefix(ckpt.PREFIX))
 
 
 class PlannedRuns:
@@ -188,89 +248,29 @@ def run_names(transfer: Experiment) -> dict[str, str]:
     return names
 
 
-def run_transfer(
-    sweep: Experiment,
-    settings: SweepSettings,
-    horizons: list[float],
-    methods: list[str],
-    resume: bool,
-) -> Path:
-    """Run (or resume) the transfer study of `sweep`; returns the folder of its results."""
-    from ray import tune
-
-    from schedule_search.search import ray_session, run_tune
-
-    base, trial_id = transfer_base(sweep, settings.workers)
-    plan_ = plan(base, horizons, methods)
-    root = sweep.root / "transfer"
-    phases = [Experiment(root / "phase1"), Experiment(root / "phase2")]
-    root.mkdir(parents=True, exist_ok=True)
-    ckpt.atomic_write_text(
-        root / "plan.json",
-        json.dumps(
-            {
-                "recipe_trial": trial_id,
-                "horizons": horizons,
-                "to": [h for h in horizons if h != base.budget.horizon],
-                "methods": methods,
-                "workers": settings.workers,
-                "concurrency": settings.concurrency,
-            },
-            indent=1,
-        ),
-    )
-    with ray_session(settings):
-        first = phases[0]
-        # Longest runs first: with runs in parallel, a long run started last would train alone.
-        names = sorted(plan_.runs, key=lambda n: -plan_.runs[n]["budget"]["horizon"])
-        done = {r.trial_id for r in first.rows(0) if r.state != "running"}
-        if len(done) < len(names) or not resume:
-            run_tune(
-                first,
-                settings,
-                PlannedRuns(plan_.runs),
-                tune.TuneConfig(max_concurrent_trials=settings.concurrency),
-                {"run": tune.grid_search(names)},
-                _live_view({n: (0.0, plan_.runs[n]["budget"]["horizon"]) for n in names}),
-                resume,
-            )
-        _require_finished(first, names)
-        if plan_.branches:
-            constant = run_names(first)["constant"]
-            branch_runs = {}
-            for name, h in plan_.branches.items():
-                horizon = Horizon(**_horizon_of(first, constant, base))
-                folder = trunk_checkpoint(first, constant, horizon.tokens(WSD_BRANCH * h))
-                branch_runs[name] = branch_config(plan_, name, folder)
-            run_tune(
-                phases[1],
-                settings,
-                PlannedRuns(branch_runs),
-                tune.TuneConfig(max_concurrent_trials=settings.concurrency),
-                {"run": tune.grid_search(list(branch_runs))},
-                _live_view({n: (WSD_BRANCH * h, h) for n, h in plan_.branches.items()}),
-                resume or phases[1].tune_dir.exists(),
-            )
-        _require_finished(phases[1], list(plan_.branches))
-    from schedule_search.report import write_transfer_report
-
-    write_transfer_report(root, plan_, phases, base)
-    return root
-
-
 class Unfinished(Exception):
     """The transfer stopped with runs unfinished (interrupted, or a run failed for good)."""
 
 
-def _require_finished(phase: Experiment, names: list[str]) -> None:
-    """Tune returns on Ctrl-C too: go on to the branches or the report only when every run of
-    the phase has ended."""
-    trial_ids = run_names(phase)
-    unfinished = [
+def _unfinished(phase: Experiment, names: list[str]) -> list[str]:
+    """Runs of `names` without an ending recorded (a run still pending, killed before its
+    first evaluation, counts as unfinished too)."""
+    trial_ids = run_names(phase) if phase.root.exists() else {}
+    return [
         n
         for n in names
         if n not in trial_ids or not phase.read_trial_json(trial_ids[n], "result.json")
     ]
+
+
+def _all_finished(phase: Experiment, names: list[str]) -> bool:
+    return not _unfinished(phase, names)
+
+
+def _require_finished(phase: Experiment, names: list[str]) -> None:
+    """Tune returns on Ctrl-C too: go on to the next round or the report only when every run
+    of this one has ended."""
+    unfinished = _unfinished(phase, names)
     if unfinished:
         raise Unfinished(
             f"{len(unfinished)} of {len(names)} runs of {phase.root.name} unfinished "
@@ -279,7 +279,7 @@ def _require_finished(phase: Experiment, names: list[str]) -> None:
 
 
 def _live_view(spans: dict[str, tuple[float, float]]):
-    """The progress view of one phase: its runs and the Chinchilla multiples each trains over."""
+    """The progress view of one round: its runs and the Chinchilla multiples each trains over."""
     from schedule_search.progress import LiveView
 
     return LiveView(
@@ -287,26 +287,9 @@ def _live_view(spans: dict[str, tuple[float, float]]):
     )
 
 
-def _horizon_of(experiment: Experiment, trial_id: str, base: TrainConfig) -> dict[str, Any]:
-    last = experiment.read_trial_json(trial_id, "metrics.json")[-1]
+def _horizon_of(last: dict[str, Any], base: TrainConfig) -> dict[str, Any]:
     return {
         "n_params": int(last["n_params"]),
         "tokens_per_param": base.budget.tokens_per_param,
         "tokens_per_reference_step": float(last["tokens_per_reference_step"]),
     }
-
-
-def histories(phases: list[Experiment]) -> dict[str, list[dict[str, Any]]]:
-    """run name -> its evaluation history, over both phases."""
-    out = {}
-    for phase in phases:
-        for name, trial_id in run_names(phase).items():
-            out[name] = phase.read_trial_json(trial_id, "metrics.json") or []
-    return out
-
-
-def loss_at(history: list[dict[str, Any]], multiple: float, key: str = "val_loss") -> float:
-    for row in history:
-        if math.isclose(row["chinchilla"], multiple):
-            return row.get(key, math.nan)
-    return math.nan

@@ -131,9 +131,7 @@ def test_linear_to_zero_equals_its_formula_and_reaches_exactly_zero_at_T():
 
 @pytest.mark.parametrize("f", [0.1, 0.2])
 def test_wsd_sqrt_cooldown_equals_its_formula_and_reaches_exactly_zero_at_T(f):
-    config = ScheduleConfig(
-        kind="wsd", warmup=0.05, horizon=1.0, decay_fraction=f, cooldown="sqrt"
-    )
+    config = ScheduleConfig(kind="wsd", warmup=0.05, horizon=1.0, decay_fraction=f, cooldown="sqrt")
     schedule = config.build(1000.0)
     for t in GRID:
         assert schedule(t) == pytest.approx(
@@ -149,5 +147,5 @@ def test_wsd_sqrt_cooldown_equals_its_formula_and_reaches_exactly_zero_at_T(f):
 
 
 def test_linear_needs_a_horizon():
-    with pytest.raises(ConfigError, match="schedule.horizon: required"):
+    with pytest.raises(ConfigError, match=r"schedule\.horizon: required"):
         parse(ScheduleConfig, {"kind": "linear"}, "x.yaml", "schedule")

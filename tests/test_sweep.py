@@ -86,13 +86,16 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(tmp_p
         storage=JournalStorage(JournalFileBackend(str(experiment.root / "optuna.journal"))),
     )
     check_journal(experiment, study, rows)
+    check_dashboard_reads(experiment.root / "optuna.journal", study)
     check_live_searcher_agrees(experiment, study)
 
     exported = cli("export", "lin", "--storage", str(storage), "-o", str(tmp_path / "best.yaml"))
     assert exported.returncode == 0, exported.stderr
     recipe = load_recipe(tmp_path / "best.yaml")
     best = experiment.best(4.0)
-    assert recipe.spec.source["trial_id"] == best.trial_id == study.best_trial.user_attrs["trial_id"]
+    assert (
+        recipe.spec.source["trial_id"] == best.trial_id == study.best_trial.user_attrs["trial_id"]
+    )
     assert recipe.spec.objective["value"] == best.val_loss == study.best_value
     # The best (config, fraction) pair: the fraction whose loss at the horizon was lowest.
     final = experiment.read_trial_json(best.trial_id, "metrics.json")[-1]
@@ -140,8 +143,41 @@ def check_journal(experiment: Experiment, study: optuna.Study, rows: list) -> No
         losses = {f: final["val_loss_raw" if f == 0 else f"val_loss_ema/{f:g}"] for f in FRACTIONS}
         assert trial.user_attrs["ema_fraction"] == min(losses, key=losses.get)
         assert final["val_loss"] == min(losses.values())
+        bank = trial.user_attrs["bank"]
+        assert sorted(bank.values()) == sorted(losses.values()) and len(bank) == len(FRACTIONS)
         if expected == TrialState.COMPLETE:
             assert trial.value == final["val_loss"] and final["chinchilla"] == 4.0
+
+
+def check_dashboard_reads(journal: Path, study: optuna.Study) -> None:
+    """optuna-dashboard (its own web app, called through WSGI) reads the journal and has every
+    trial's learning curve."""
+    from wsgiref.util import setup_testing_defaults
+
+    from optuna_dashboard import wsgi
+
+    app = wsgi(JournalStorage(JournalFileBackend(str(journal))))
+
+    def get(path: str) -> dict:
+        environ = {"PATH_INFO": path}
+        setup_testing_defaults(environ)
+        status = []
+        body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
+        assert status == ["200 OK"], (path, status)
+        return json.loads(body)
+
+    (summary,) = get("/api/studies")["study_summaries"]
+    shown = get(f"/api/studies/{summary['study_id']}")
+    assert shown["has_intermediate_values"]
+    curves = {
+        json.dumps(
+            {p["name"]: float(p["param_external_value"]) for p in t["params"]}, sort_keys=True
+        ): {v["step"]: v["value"] for v in t["intermediate_values"]}
+        for t in shown["trials"]
+    }
+    assert curves == {
+        json.dumps(t.params, sort_keys=True): t.intermediate_values for t in study.trials
+    }
 
 
 def check_live_searcher_agrees(experiment: Experiment, journal: optuna.Study) -> None:

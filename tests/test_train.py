@@ -3,6 +3,7 @@ learn."""
 
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -170,3 +171,49 @@ def test_resume_of_a_finished_run_reports_the_final_result_again(tmp_path):
     first = run_local(cfg, tmp_path)
     again = run_local(cfg, tmp_path)
     assert again.status == "completed" and again.history == first.history
+
+
+def test_schedule_free_is_evaluated_at_its_averaged_weights_and_trains_on(tmp_path):
+    """Inside `evaluation_weights` the model holds schedule-free AdamW's averaged weights x,
+    checked against the package's own reference implementation, which keeps x explicitly;
+    after it the training point comes back bit for bit and the optimizer is in train mode."""
+    from schedulefree import AdamWScheduleFreeReference
+
+    from schedule_search.train import OptimizerConfig, evaluation_weights
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    twin = torch.nn.Linear(8, 1)
+    twin.load_state_dict(model.state_dict())
+    optimizer = OptimizerConfig(name="schedulefree_adamw", lr=0.05).build(list(model.parameters()))
+    reference = AdamWScheduleFreeReference(
+        twin.parameters(), lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0
+    )
+    reference.train()
+    for _ in range(25):
+        x, y = torch.randn(16, 8), torch.randn(16, 1)
+        for net, opt in ((model, optimizer), (twin, reference)):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+    training_point = [p.detach().clone() for p in model.parameters()]
+    reference.eval()
+    with evaluation_weights(optimizer):
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(model.weight, training_point[0])
+    assert optimizer.param_groups[0]["train_mode"]
+    for p, saved in zip(model.parameters(), training_point, strict=True):
+        assert torch.equal(p, saved)
+
+
+def test_a_schedule_free_run_reports_its_averaged_weights_loss(tmp_path):
+    cfg = config(
+        optimizer={"name": "schedulefree_adamw", "lr": 0.05},
+        schedule={"kind": "constant", "warmup": 0.1},
+        ema={"fractions": [0.0], "objective": 0.0},
+    )
+    result = run_local(cfg, tmp_path)
+    assert result.status == "completed"
+    losses = [row["val_loss"] for row in result.history]
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
