@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,8 +104,9 @@ def _scores(losses: dict[float, float]) -> str:
     return f"last iterate {losses[0.0]:.4f}, best EMA {losses[frac]:.4f} (fraction {frac:g})"
 
 
-def fresh_sweep() -> dict:
-    """`make sweep` in a fresh clone of HEAD, timed; the trials it left."""
+def fresh_sweep(keep: Path | None) -> dict:
+    """`make sweep` in a fresh clone of HEAD, timed; the trials it left (its experiment folder
+    copied to `keep`, if given)."""
     with tempfile.TemporaryDirectory() as scratch:
         clone = Path(scratch) / "clone"
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
@@ -112,6 +114,8 @@ def fresh_sweep() -> dict:
         subprocess.run(["make", "sweep"], cwd=clone, check=True)
         wall = time.monotonic() - started
         rows = json.loads((clone / "runs" / "default" / "trials.json").read_text())
+        if keep is not None:
+            shutil.copytree(clone / "runs" / "default", keep, symlinks=True)
     done = [r for r in rows if r["state"] == "completed"]
     best = min(done, key=lambda r: r["val_loss"]) if done else None
     return {"wall_s": wall, "trials": len(rows), "completed": len(done), "best": best}
@@ -122,6 +126,7 @@ def main() -> None:
     parser.add_argument("--skip-references", action="store_true")
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--max-extensions", type=int, default=3)
+    parser.add_argument("--keep", type=Path, default=None, help="copy the sweep's folder here")
     args = parser.parse_args()
     found = {}
     if not args.skip_references:
@@ -137,7 +142,7 @@ def main() -> None:
                 flush=True,
             )
     if not args.skip_sweep:
-        sweep = fresh_sweep()
+        sweep = fresh_sweep(args.keep)
         best = sweep["best"]
         print(
             f"make sweep on a fresh clone: {sweep['wall_s'] / 60:.1f} min, {sweep['trials']} "
