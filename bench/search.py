@@ -5,9 +5,9 @@ multiples), on linreg and on a small tinylm.
 Compute is counted in Chinchilla multiples trained (a trial stopped at 1x costs 1). A dense
 grid (every point trained to the horizon, each scored with the best EMA of its bank) sets the
 reference: its best loss and its compute. For every method the figure is the compute spent
-when a trial first reaches the target, as a fraction of the grid's compute (inf: not within
-the grid's compute); median over seeds. The target: within 1% of the grid's best on linreg
-(an excess risk), within 0.005 nats of it on tinylm (a loss in nats, where 1% is 0.02).
+when a trial first comes within 1% of the grid's best loss, as a fraction of the grid's
+compute (inf: not within the grid's compute); median over seeds. (On a smaller tinylm, d_model
+16, every method came within 1% in its first trials: too flat a task to tell samplers apart.)
 
 Methods (all Optuna's own samplers and pruner, seeded):
 - TPE + halving: the sweep's TPE (`optuna_study.tpe_sampler`) with successive halving (rungs at
@@ -68,13 +68,12 @@ TASKS = {
         },
         "lr": (0.01, 1.0),
         "grid": (6, 3, 3),  # LRs x gammas x alphas
-        "target": lambda best: best * 1.01,  # excess risk: within 1% of the grid's best
     },
     "tinylm": {
         "base": {
             "task": {
                 "name": "tinylm",
-                "d_model": 16,
+                "d_model": 32,
                 "n_layer": 1,
                 "n_head": 2,
                 "batch": 4,
@@ -85,14 +84,14 @@ TASKS = {
             "window": {"microbatches": 1},
         },
         "lr": (1e-3, 1e-1),
-        "grid": (5, 3, 3),
-        # A loss in nats, where 1% (0.02 nats) is more than the differences that matter:
-        # within 0.005 nats of the grid's best, the tolerance the default sweep is held to.
-        "target": lambda best: best + 0.005,
+        "grid": (4, 3, 3),
     },
 }
 HORIZON = 4.0
 RUNGS = (1.0, 2.0)
+#: The compute of the default sweep (search_spaces/default.yaml, measured): 3 trials to 4x,
+#: 1 stopped at 2x, 6 stopped at 1x = 20 Chinchilla multiples.
+SWEEP_BUDGET = 20.0
 
 
 @dataclass(frozen=True)
@@ -217,17 +216,29 @@ def _tell_every_fraction(study: optuna.Study, trial: optuna.Trial, losses: dict[
 
 def search(
     task: str, name: str, seed: int, target: float, budget: float, grid_order: list
-) -> float | None:
-    """Compute spent when a trial first reaches `target`, or None within `budget`."""
+) -> tuple[float | None, float]:
+    """(compute spent when a trial first reaches `target`, or None within `budget`; the best
+    loss found within the default sweep's compute, `SWEEP_BUDGET`)."""
     method = METHODS[name]
+    spent, reached, best_in_sweep = 0.0, None, math.inf
+
+    def record(loss: float) -> None:
+        nonlocal reached, best_in_sweep
+        if spent <= SWEEP_BUDGET:
+            best_in_sweep = min(best_in_sweep, loss)
+        if reached is None and loss <= target:
+            reached = spent
+
+    def done() -> bool:
+        return spent >= budget or (reached is not None and spent >= SWEEP_BUDGET)
+
     if method.sampler == "grid":
-        order = np.random.default_rng(seed).permutation(len(grid_order))
-        spent = 0.0
-        for i in order:
+        for i in np.random.default_rng(seed).permutation(len(grid_order)):
             spent += HORIZON
-            if grid_order[i][1] <= target:
-                return spent
-        return None
+            record(grid_order[i][1])
+            if done():
+                break
+        return reached, best_in_sweep
     pruner = (
         optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2)
         if method.halving
@@ -236,8 +247,7 @@ def search(
     study = optuna.create_study(
         sampler=make_sampler(method.sampler, seed, STARTUP_TRIALS), pruner=pruner
     )
-    spent = 0.0
-    while spent < budget:
+    while not done():
         trial = study.ask()
         point = _ask(trial, task, method)
         try:
@@ -251,9 +261,8 @@ def search(
             _tell_every_fraction(study, trial, losses)
         else:
             study.tell(trial, min(losses.values()))
-        if min(losses.values()) <= target:
-            return spent
-    return None
+        record(min(losses.values()))
+    return reached, best_in_sweep
 
 
 def _one_thread() -> None:
@@ -271,10 +280,11 @@ def main() -> None:
     tasks = ["linreg", "tinylm"] if args.task == "both" else [args.task]
     methods = [m for m in args.methods.split(";") if m]
     print(
-        "| task | grid: points, compute, best loss (its point) | method | compute to reach the "
-        "target, / grid's (median of seeds) | per seed |"
+        "| task | grid: points, compute, best loss (its point) | method | compute to within 1% "
+        "of the grid's best, / grid's (median of seeds) | per seed | best within the default "
+        f"sweep's {SWEEP_BUDGET:g}x, minus the grid's best (median) |"
     )
-    print("|" + " --- |" * 5)
+    print("|" + " --- |" * 6)
     context = get_context("spawn")  # no fork of a process that may hold torch's thread pools
     with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_one_thread) as pool:
         for task in tasks:
@@ -288,12 +298,13 @@ def main() -> None:
                 for seed in range(args.seeds)
             }
             for name in methods:
-                spent = [runs[name, seed].result() for seed in range(args.seeds)]
-                fractions = [s / compute if s is not None else math.inf for s in spent]
+                results = [runs[name, seed].result() for seed in range(args.seeds)]
+                fractions = [s / compute if s is not None else math.inf for s, _ in results]
+                within = statistics.median(b - best for _, b in results)
                 print(
                     f"| {task} | {len(scored)}, {compute:g}x, {best:.4g} ({where}) | {name} | "
                     f"{statistics.median(fractions):.2f} | "
-                    f"{', '.join(f'{f:.2f}' for f in fractions)} |",
+                    f"{', '.join(f'{f:.2f}' for f in fractions)} | {within:+.3g} |",
                     flush=True,
                 )
 

@@ -82,79 +82,102 @@ def _merged(first: History, then: History, upto: float) -> History:
     return [r for r in first if r["chinchilla"] <= upto + 1e-9] + then
 
 
+Row = dict[str, Any]
+
+
+def _row(loss: dict[float, float], compute: float, note: str = "") -> Row:
+    return {"loss": loss, "compute": compute, "note": note}
+
+
+def _recipe_row(study: TransferStudy, runs: dict[str, History], sweep_history: History) -> tuple:
+    """The recipe, scored with its own EMA fraction; before the continuation its history is
+    the sweep trial's."""
+    history, compute, label = runs["recipe"], study.top, "recipe (anytime + EMA)"
+    note = f"EMA fraction {study.recipe_fraction:g}"
+    if study.continue_from is not None and sweep_history:
+        history = _merged(sweep_history, history, study.sweep_horizon)
+        compute = study.top - study.sweep_horizon
+        label = f"recipe (continued from trial {study.continued_trial} at {study.sweep_horizon:g}x)"
+        note += f"; {study.sweep_horizon:g}x of compute saved by continuing"
+    key = loss_key(study.recipe_fraction)
+    return label, _row({h: _value(history, h, key) for h in study.horizons}, compute, note)
+
+
+def _method_rows(
+    study: TransferStudy, runs: dict[str, History], sweep_history: History
+) -> dict[str, Row]:
+    """The recipe and what a practitioner would run instead, each by its own protocol."""
+    horizons, rows = study.horizons, {}
+    if "recipe" in runs:
+        label, row = _recipe_row(study, runs, sweep_history)
+        rows[label] = row
+    if "constant" in runs:
+        loss = {h: _value(runs["constant"], h, "ema") for h in horizons}
+        rows["constant + EMA (best of bank)"] = _row(loss, study.top)
+    spec = study.schedulefree_grid()
+    best = spec.state(runs).best_lr if "schedulefree" in study.methods else None
+    if best is not None:
+        history = _merged(runs[spec.run_name(best)], runs.get("schedulefree", []), spec.horizon)
+        grid = [n for n in runs if spec.lr_of(n) is not None]
+        rows[f"schedule-free AdamW (averaged weights, LR {best:.3g})"] = _row(
+            {h: _value(history, h, "last") for h in horizons},
+            spec.horizon * len(grid) + max(0.0, study.top - spec.horizon),
+            f"LR picked at {spec.horizon:g}x from {len(grid)} runs",
+        )
+    for prefix, (share, cooldown, floor) in WSD.items():
+        names = {h: f"{prefix}-{h:g}x" for h in horizons}
+        if any(n in runs for n in names.values()):
+            shape = "1 - sqrt" if cooldown == "sqrt" else "linear"
+            rows[f"WSD, {shape} to {floor:g} over the last {share:.0%} (last iterate)"] = _row(
+                {h: _value(runs.get(n, []), h, "last") for h, n in names.items()},
+                sum(share * h for h in horizons),
+                "branches of the constant run (its compute not counted again)",
+            )
+    return rows
+
+
+def _reference_rows(
+    study: TransferStudy, runs: dict[str, History], envelopes: dict
+) -> dict[str, Row]:
+    """The envelopes (and the cosine tuned for the largest horizon)."""
+    horizons, rows = study.horizons, {}
+    for kind, scores in envelopes.items():
+        compute = sum(h for n in runs for h in horizons if n.startswith(f"{kind}-{h:g}x-"))
+        name = "cosine" if kind == "cosine" else "linear-to-zero"
+        rows[f"{name} envelope (last iterate)"] = _row(_losses(scores["last"]), compute)
+        best_top = scores["last"][study.top][1]
+        if kind == "cosine" and best_top is not None:
+            tuned = {h: _value(runs[best_top], h, "last") for h in horizons}
+            rows[f"cosine tuned for {study.top:g}x (last iterate)"] = _row(
+                tuned, study.top, best_top
+            )
+    if envelopes:
+        rows["envelope (best of both, last iterate)"] = _row(
+            _best_of(envelopes, "last", horizons), 0.0, "the rows above"
+        )
+        rows["envelope with EMA (each run's best EMA)"] = _row(
+            _best_of(envelopes, "ema", horizons), 0.0, "the same runs"
+        )
+    return rows
+
+
 def transfer_table(
     study: TransferStudy, runs: dict[str, History], sweep_history: History | None = None
 ) -> dict[str, Any]:
     """Rows of loss per horizon with their gaps to both envelopes, the compute of each row,
     and the envelopes' runs and grid marks."""
-    horizons, top = study.horizons, study.top
-    rows: dict[str, dict[str, Any]] = {}
-
-    def add(label: str, loss: dict[float, float], compute: float, note: str = "") -> None:
-        rows[label] = {"loss": loss, "compute": compute, "note": note}
-
-    if "recipe" in runs:
-        history, compute, label = runs["recipe"], top, "recipe (anytime + EMA)"
-        if study.continue_from is not None and sweep_history:
-            history = _merged(sweep_history, history, study.sweep_horizon)
-            compute = top - study.sweep_horizon
-            label = (
-                f"recipe (continued from trial {study.continued_trial} at {study.sweep_horizon:g}x)"
-            )
-        key = loss_key(study.recipe_fraction)
-        note = f"EMA fraction {study.recipe_fraction:g}"
-        if study.continue_from is not None:
-            note += f"; {study.sweep_horizon:g}x of compute saved by continuing"
-        add(label, {h: _value(history, h, key) for h in horizons}, compute, note)
-    if "constant" in runs:
-        add(
-            "constant + EMA (best of bank)",
-            {h: _value(runs["constant"], h, "ema") for h in horizons},
-            top,
-        )
-    if "schedulefree" in study.methods:
-        spec = study.schedulefree_grid()
-        best = spec.state(runs).best_lr
-        if best is not None:
-            history = _merged(runs[spec.run_name(best)], runs.get("schedulefree", []), spec.horizon)
-            grid = [n for n in runs if spec.lr_of(n) is not None]
-            add(
-                f"schedule-free AdamW (averaged weights, LR {best:.3g})",
-                {h: _value(history, h, "last") for h in horizons},
-                spec.horizon * len(grid) + max(0.0, top - spec.horizon),
-                f"LR picked at {spec.horizon:g}x from {len(grid)} runs",
-            )
-    for prefix, (share, cooldown, floor) in WSD.items():
-        names = {h: f"{prefix}-{h:g}x" for h in horizons}
-        if any(n in runs for n in names.values()):
-            add(
-                f"WSD, {'1 - sqrt' if cooldown == 'sqrt' else 'linear'} to {floor:g} over the "
-                f"last {share:.0%} (last iterate)",
-                {h: _value(runs.get(n, []), h, "last") for h, n in names.items()},
-                sum(share * h for h in horizons),
-                "branches of the constant run (its compute not counted again)",
-            )
-    envelopes = {}
-    for kind in ("cosine", "linear"):
-        if kind not in study.methods:
-            continue
-        envelopes[kind] = {s: _envelope(study, kind, runs, s) for s in ("last", "ema")}
-        compute = sum(h for n in runs for h in horizons if n.startswith(f"{kind}-{h:g}x-"))
-        name = "cosine" if kind == "cosine" else "linear-to-zero"
-        add(f"{name} envelope (last iterate)", _losses(envelopes[kind]["last"]), compute)
-        if kind == "cosine":
-            best_top = envelopes[kind]["last"][top][1]
-            if best_top is not None:
-                tuned = {h: _value(runs[best_top], h, "last") for h in horizons}
-                add(f"cosine tuned for {top:g}x (last iterate)", tuned, top, best_top)
+    horizons = study.horizons
+    envelopes = {
+        kind: {score: _envelope(study, kind, runs, score) for score in ("last", "ema")}
+        for kind in ("cosine", "linear")
+        if kind in study.methods
+    }
+    rows = _method_rows(study, runs, sweep_history or []) | _reference_rows(study, runs, envelopes)
     both_last = _best_of(envelopes, "last", horizons)
     both_ema = _best_of(envelopes, "ema", horizons)
-    if envelopes:
-        add("envelope (best of both, last iterate)", both_last, 0.0, "the rows above")
-        add("envelope with EMA (each run's best EMA)", both_ema, 0.0, "the same runs")
     for row in rows.values():
-        row["gap_last"] = {h: row["loss"][h] - both_last.get(h, math.nan) for h in horizons}
-        row["gap_ema"] = {h: row["loss"][h] - both_ema.get(h, math.nan) for h in horizons}
+        row["gap_last"] = {h: row["loss"][h] - both_last[h] for h in horizons}
+        row["gap_ema"] = {h: row["loss"][h] - both_ema[h] for h in horizons}
     return {
         "horizons": horizons,
         "rows": {label: _keyed(row) for label, row in rows.items()},

@@ -183,6 +183,8 @@ class MilestoneOptunaSearch(OptunaSearch):
         if error or not result or trial_id in self._completed_trials:
             super().on_trial_complete(trial_id, result, error)
             return
+        # A scheduler's STOP hands the last result only here, not to `on_trial_result`.
+        self.on_trial_result(trial_id, result)
         status = result.get("status")
         row_state = status if status in ("completed", "diverged") else "stopped"
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]

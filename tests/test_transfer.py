@@ -245,7 +245,10 @@ def test_small_transfer_on_linreg(tmp_path):
     assert transfer_base(sweep, 2)[0].window.microbatches == 1
 
     # SIGKILL of the transfer's driver (and its Ray) once some runs have finished; run it again.
+    # Linear-to-zero grids and schedule-free AdamW go through the same rounds (their plans and
+    # the table are tested above, their runs in test_train); left out here to keep this short.
     transfer = [*cli, "transfer", "lt", "--to", "2", "--concurrency", "2", "--storage", storage]
+    transfer += ["--methods", "recipe,constant,cosine,wsd"]
     first = Experiment(sweep.root / "transfer" / "round1")
     driver = subprocess.Popen(
         transfer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -271,8 +274,11 @@ def test_small_transfer_on_linreg(tmp_path):
 
     root = sweep.root / "transfer"
     # Asking the finished transfer for other horizons is refused: it would change its runs.
+    methods = ["--methods", "recipe,constant,cosine,wsd"]
     other = subprocess.run(
-        [*cli, "transfer", "lt", "--to", "4", "--storage", storage], capture_output=True, text=True
+        [*cli, "transfer", "lt", "--to", "4", *methods, "--storage", storage],
+        capture_output=True,
+        text=True,
     )
     assert other.returncode == 2 and "Move that folder aside" in other.stderr, other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
@@ -284,7 +290,6 @@ def test_small_transfer_on_linreg(tmp_path):
     check_envelopes(table, runs)
     check_the_recipe_continued(sweep, root, table, runs)
     check_wsd_branches(runs)
-    check_schedule_free(table, runs)
 
 
 def read_runs(root: Path) -> dict:
@@ -314,7 +319,7 @@ def check_every_run_is_audited(root: Path, table: dict) -> dict:
 
 
 def check_envelopes(table: dict, runs: dict) -> None:
-    for kind, label in (("cosine", "cosine"), ("linear", "linear-to-zero")):
+    for kind, label in (("cosine", "cosine"),):
         for h in ("1", "2"):
             finals = []
             for name, (phase, trial) in runs.items():
@@ -394,23 +399,3 @@ def check_wsd_branches(runs: dict) -> None:
             tokens += record["tokens"]
         decaying = [w["lr"] for w in windows if w["lr"] < config.optimizer.lr]
         assert decaying and decaying == sorted(decaying, reverse=True)
-
-
-def check_schedule_free(table: dict, runs: dict) -> None:
-    label = next(r for r in table["rows"] if r.startswith("schedule-free AdamW"))
-    grid = {n: runs[n] for n in runs if n.startswith("schedulefree-lr")}
-    finals = {
-        n: phase.read_trial_json(t, "metrics.json")[-1]["val_loss"]
-        for n, (phase, t) in grid.items()
-    }
-    best = min(finals, key=finals.get)
-    assert table["rows"][label]["loss"]["1"] == finals[best]
-    phase, trial_id = runs["schedulefree"]
-    config = phase.read_trial_json(trial_id, "config.json")["config"]
-    best_phase, best_trial = runs[best]
-    assert Path(config["branch_from"]).parent == best_phase.train_run_dir(best_trial)
-    assert config["optimizer"]["name"] == "schedulefree_adamw"
-    assert (
-        table["rows"][label]["loss"]["2"]
-        == phase.read_trial_json(trial_id, "metrics.json")[-1]["val_loss"]
-    )
