@@ -45,11 +45,13 @@ transfer: install
 report: install
 	$(CLI) report $(NAME)
 
-# Every figure of BENCHMARKS.md but the transfer study (`make transfer`: hours on 2 cores).
+# Every figure of BENCHMARKS.md but the transfer study (`make transfer`: hours on 2 cores), the
+# sweep's answer (`bench/sweep_answer.py`, 26 min) and the tinylm search
+# (`bench/search.py --task tinylm`, 22 min).
 bench: install
 	$(PY) bench/core.py
 	$(PY) bench/windows.py
-	$(PY) bench/search.py
+	$(PY) bench/search.py --task linreg --seeds 10
 	$(PY) bench/sweep_efficiency.py
 	$(PY) bench/linreg_theory.py
 	$(PY) bench/gpu.py

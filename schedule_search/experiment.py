@@ -185,6 +185,10 @@ class Experiment:
             row.params = config.get("params", {})
             row.reason = result.get("reason", "")
             row.trial_s = result.get("trial_s", math.nan)
+            if row.state == "stopped" and "milestone" in result:
+                # The searcher was told the trial up to its stop; what it trained after the
+                # STOP arrived is not its result (status, export and the journal agree).
+                history = [h for h in history if h.get("milestone", 0) <= result["milestone"]]
             if history:
                 last = history[-1]
                 row.chinchilla = last.get("chinchilla", 0.0)

@@ -105,10 +105,14 @@ def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
             continue
         values = [row.val_loss, row.wall_s][: len(space.objectives)]
         state = trial_state(row.state, values)
+        if state == TrialState.PRUNED and single and row.curve:
+            told = [row.curve[-1][2]]  # Optuna's tell gives a pruned trial its last value
+        else:
+            told = values if state == TrialState.COMPLETE else None
         study.add_trial(
             create_trial(
                 state=state,
-                values=values if state == TrialState.COMPLETE else None,
+                values=told,
                 params=row.params,
                 distributions={k: distributions[k] for k in row.params if k in distributions},
                 intermediate_values={

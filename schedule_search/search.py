@@ -150,6 +150,11 @@ class TrialRecorder(tune.Callback):
             self.progress.finished(trial_id, trial.config, state)
             return  # recorded before a restart: keep the original record
         record = {"state": state, "reason": reason, "val_loss": result.get(METRIC)}
+        if "milestone" in result:
+            # Where the searcher last heard of the trial: a STOP arrives after the result that
+            # caused it, and a short trial may train on past it; records past this point are
+            # not the trial's result (Experiment.rows reads up to here).
+            record["milestone"] = result["milestone"]
         if started is not None:  # seconds this driver saw the trial run (this attempt)
             record["trial_s"] = time.monotonic() - started
         self.experiment.write_trial_json(trial_id, "result.json", record)

@@ -136,6 +136,11 @@ def check_journal(experiment: Experiment, study: optuna.Study, rows: list) -> No
     for row in rows:
         trial = by_id[row.trial_id]
         history = experiment.read_trial_json(row.trial_id, "metrics.json")
+        if row.state == "stopped":  # what it trained after the STOP arrived is not its result
+            stop = experiment.read_trial_json(row.trial_id, "result.json")["milestone"]
+            history = [h for h in history if h["milestone"] <= stop]
+            assert row.chinchilla == history[-1]["chinchilla"] < 4.0
+            assert trial.value == history[-1]["val_loss"]  # as Optuna tells a pruned trial
         assert trial.intermediate_values == {h["milestone"]: h["val_loss"] for h in history}
         expected = TrialState.PRUNED if row.state == "stopped" else TrialState.COMPLETE
         assert trial.state == expected, (row.trial_id, row.state, trial.state)
