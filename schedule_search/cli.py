@@ -134,11 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sweep)
     sweep.set_defaults(handler=_sweep)
 
-    transfer = verbs.add_parser(
-        "transfer",
-        help="run the exported recipe to longer horizons against tuned cosine, linear-to-zero, "
-        "WSD and schedule-free AdamW",
-    )
+    transfer = verbs.add_parser("transfer", help="the recipe at longer horizons vs references")
     transfer.add_argument("name", type=_name, help="the sweep whose recipe to transfer")
     transfer.add_argument(
         "--to",
@@ -151,8 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         type=_methods,
         default=None,
-        help="comma-separated subset of recipe,constant,schedulefree,cosine,linear,wsd "
-        "(default: all)",
+        help="a comma-separated subset of recipe,constant,schedulefree,cosine,linear,wsd",
     )
     transfer.add_argument(
         "--workers",
