@@ -13,8 +13,10 @@ would pick instead, each tuned the way it would be in practice.
   weights.
 - cosine (to 10% of peak, the paper's baseline) and linear (decay to zero, Bergsma et al.
   2025): one run per horizon per LR, on grids extended at whichever edge holds the best point
-  until it is interior (`lr_grid`); the best of each is an envelope. Linear's grid is centred
-  on cosine's best LR at the same horizon, so it starts once that grid has settled.
+  until it is interior (`lr_grid`); the best of each is an envelope. Compute goes where it
+  decides the envelope: cosine's grid at the first horizon is centred on the recipe's LR and
+  at each later horizon on cosine's best at the horizon before; linear's on cosine's best at
+  the same horizon. A grid starts once the grid it is centred on has settled.
 
 The study is a function of finished results: `pending(finished)` says which runs can start
 now, so the runner goes round by round and a killed transfer decides the same rounds again.
@@ -35,8 +37,8 @@ from schedule_search.lr_grid import GridState, grid_state
 from schedule_search.train import TrainConfig
 
 METHODS = ("recipe", "constant", "schedulefree", "cosine", "linear", "wsd")
-#: Initial LR grids, as factors: cosine's and schedule-free's of the recipe's LR, linear's of
-#: cosine's best at the same horizon; every grid is extended by x2 steps at an edge.
+#: Initial LR grids, as factors of their centre (`TransferStudy.centre`; schedule-free's is the
+#: recipe's LR); every grid is extended by x2 steps at an edge.
 GRID = (0.5, 1.0, 2.0)
 MAX_EXTENSIONS = 2  # per side; where the best is still at an edge the table marks it
 FLOOR = 0.1
@@ -180,18 +182,30 @@ class TransferStudy:
 
     # -- grids ------------------------------------------------------------------------------
     def grid(self, kind: str, horizon: float, finished: dict[str, History]) -> GridSpec | None:
-        """The LR grid of `kind` (cosine, linear, schedulefree) at `horizon`, or None while it
-        cannot start (linear waits for cosine's best at the same horizon)."""
-        if kind in ("cosine", "schedulefree"):
+        """The LR grid of `kind` (cosine, linear, schedulefree) at `horizon`, or None while the
+        grid it is centred on has not settled (`centre`)."""
+        if kind == "schedulefree":
             return GridSpec(kind, horizon, tuple(self.base.optimizer.lr * f for f in GRID))
-        cosine = self.grid("cosine", horizon, finished)
-        assert cosine is not None
-        if cosine.to_run(finished):
-            return None  # cosine's grid at this horizon has not settled yet
-        best = cosine.state(finished).best_lr
-        if best is None:
+        centre = self.centre(kind, horizon, finished)
+        if centre is None:
             return None
-        return GridSpec(kind, horizon, tuple(best * f for f in GRID))
+        return GridSpec(kind, horizon, tuple(centre * f for f in GRID))
+
+    def centre(self, kind: str, horizon: float, finished: dict[str, History]) -> float | None:
+        """The LR a grid is centred on: cosine's at the first horizon is the recipe's, at every
+        later one cosine's best at the horizon before (the optimum moves little from one
+        doubling to the next, so the long grids, which cost most, rarely need extending);
+        linear-to-zero's is cosine's best at the same horizon. None until that grid settles."""
+        if kind == "cosine":
+            shorter = [h for h in self.horizons if h < horizon]
+            if not shorter:
+                return self.base.optimizer.lr
+            anchor = self.grid("cosine", shorter[-1], finished)
+        else:
+            anchor = self.grid("cosine", horizon, finished)
+        if anchor is None or anchor.to_run(finished):
+            return None
+        return anchor.state(finished).best_lr
 
     def grids(self, finished: dict[str, History]) -> list[GridSpec]:
         out = []

@@ -62,12 +62,13 @@ def test_the_first_round_trains_the_recipe_the_trunk_and_the_grid_start_points()
     # Both WSD branch points of every horizon are evaluations, so checkpoints, of the trunk.
     assert {0.9, 1.8, 3.6, 0.8, 1.6, 3.2} <= set(constant["budget"]["eval_at"])
     assert constant["checkpoint"]["keep"] >= len(constant["budget"]["eval_at"]) + 1
-    for h in (1.0, 2.0, 4.0):
-        cosines = {n: c for n, c in first.items() if n.startswith(f"cosine-{h:g}x-")}
-        assert sorted(c["optimizer"]["lr"] for c in cosines.values()) == [0.05, 0.1, 0.2]
-        for c in cosines.values():
-            assert c["schedule"]["horizon"] == c["budget"]["horizon"] == h
-            assert c["ema"]["objective"] == 0.0 and len(c["ema"]["fractions"]) >= 7
+    # Cosine's grid at the first horizon is centred on the recipe's LR; the later ones wait
+    # for the best LR of the horizon before.
+    cosines = {n: c for n, c in first.items() if n.startswith("cosine-")}
+    assert sorted(cosines) == ["cosine-1x-lr0.05", "cosine-1x-lr0.1", "cosine-1x-lr0.2"]
+    for c in cosines.values():
+        assert c["schedule"]["horizon"] == c["budget"]["horizon"] == 1.0
+        assert c["ema"]["objective"] == 0.0 and len(c["ema"]["fractions"]) >= 7
     schedule_free = {n: c for n, c in first.items() if n.startswith("schedulefree-")}
     assert sorted(c["optimizer"]["lr"] for c in schedule_free.values()) == [0.05, 0.1, 0.2]
     for c in schedule_free.values():
@@ -85,7 +86,7 @@ def finish(s, finished, loss_of):
     return finished
 
 
-def test_grids_extend_at_an_edge_and_linear_starts_around_cosines_best():
+def test_grids_extend_at_an_edge_and_start_around_the_best_they_are_centred_on():
     s = study(methods=["cosine", "linear"])
 
     def loss(kind, h, lr):  # cosine is best near 0.25 (beyond the edge), linear near 0.45
@@ -93,20 +94,22 @@ def test_grids_extend_at_an_edge_and_linear_starts_around_cosines_best():
         return (math.log2(lr) - math.log2(target)) ** 2
 
     finished = finish(s, {}, loss)
-    assert not any(n.startswith("linear") for n in finished)
-    extension = s.pending(finished, no_checkpoints)
-    assert sorted(extension) == ["cosine-1x-lr0.4", "cosine-2x-lr0.4", "cosine-4x-lr0.4"]
-    finished = finish(s, finished, loss)  # 0.2 is now interior: cosine settled
-    linear = s.pending(finished, no_checkpoints)
-    for h in (1, 2, 4):
-        lrs = sorted(
-            c["optimizer"]["lr"] for n, c in linear.items() if n.startswith(f"linear-{h}x")
-        )
-        assert lrs == [0.1, 0.2, 0.4]  # x0.5, x1, x2 of cosine's best
-        assert all(c["schedule"]["kind"] == "linear" for c in linear.values())
+    assert sorted(finished) == ["cosine-1x-lr0.05", "cosine-1x-lr0.1", "cosine-1x-lr0.2"]
+    assert s.centre("cosine", 2.0, finished) is None  # the best is at the edge: not settled
+    assert sorted(s.pending(finished, no_checkpoints)) == ["cosine-1x-lr0.4"]
+    finished = finish(s, finished, loss)  # 0.2 is now interior: cosine at 1x settled
+    second = s.pending(finished, no_checkpoints)
+    for prefix in ("cosine-2x", "linear-1x"):  # x0.5, x1, x2 of cosine's best at 1x
+        lrs = sorted(c["optimizer"]["lr"] for n, c in second.items() if n.startswith(prefix))
+        assert lrs == [0.1, 0.2, 0.4], prefix
+    assert second["linear-1x-lr0.2"]["schedule"]["kind"] == "linear"
+    assert not any(n.startswith(("cosine-4x", "linear-2x")) for n in second)
     while s.pending(finished, no_checkpoints):
         finished = finish(s, finished, loss)
-    assert "linear-4x-lr0.8" in finished  # extended once past the best (0.4)
+    for h in (1, 2, 4):
+        assert f"linear-{h}x-lr0.8" in finished  # each extended once past its best (0.4)
+    # Centred on the horizon before, the later cosine grids were interior at once.
+    assert not any(n.startswith(("cosine-2x", "cosine-4x")) and "lr0.05" in n for n in finished)
     assert not any(n.startswith("cosine") and "lr0.8" in n for n in finished)
     assert s.pending(finished, no_checkpoints) == {}
 
