@@ -20,6 +20,22 @@ STATE_FILE = "state.pt"
 PREFIX = "checkpoint_"
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: Read once, at import: temporary files are created private (0600, 0700), so what is renamed
+#: into place is given the mode an ordinary write would have (teammates on a shared --storage
+#: read recipes, tables and plots as the umask allows).
+UMASK = _current_umask()
+
+
+def as_if_created(path: str | Path, folder: bool = False) -> None:
+    os.chmod(path, (0o777 if folder else 0o666) & ~UMASK)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,6 +45,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        as_if_created(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -48,6 +65,7 @@ def save_state(folder: Path, state: dict[str, Any]) -> None:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        as_if_created(staging, folder=True)
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(staging, folder)

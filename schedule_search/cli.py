@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from schedule_search.config import ConfigError
+from schedule_search.config import PLAIN_NAME, ConfigError, InputWarning, is_plain_name
 from schedule_search.lock import experiment_lock
 
 EXIT_BAD_INPUT = 2
@@ -70,9 +72,27 @@ def _methods(text: str) -> list[str]:
 
 
 def _name(text: str) -> str:
-    if not text or not all(c.isalnum() or c in "-_." for c in text) or text.startswith("."):
-        raise argparse.ArgumentTypeError(f"expected letters, digits, '-', '_' or '.', got {text!r}")
+    if not is_plain_name(text):
+        raise argparse.ArgumentTypeError(f"expected {PLAIN_NAME}, got {text!r}")
     return text
+
+
+def _again(verb: str, name: str, storage: Path | None) -> str:
+    """A command the user can paste to run `verb` on `name`: the program as they ran it
+    (`schedule-search` only when that is what their shell finds), with their --storage."""
+    import shlex
+    import shutil
+
+    ran = Path(sys.argv[0])
+    if ran.name == "schedule-search":
+        found = shutil.which("schedule-search")
+        program = (
+            "schedule-search" if found and Path(found).resolve() == ran.resolve() else str(ran)
+        )
+    else:  # python -m schedule_search.cli
+        program = f"{Path(sys.executable).name} -m schedule_search.cli"
+    parts = [program, verb, name] + (["--storage", str(storage)] if storage else [])
+    return " ".join(shlex.quote(part) if part != program else part for part in parts)
 
 
 def _add_storage(parser: argparse.ArgumentParser) -> None:
@@ -217,75 +237,104 @@ def _prepare_space(args: argparse.Namespace) -> tuple[dict, str]:
         copy = Path(scratch) / args.space.name
         copy.write_text(yaml.safe_dump(data, sort_keys=False))
         try:
-            space = load_space(copy)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always", InputWarning)
+                space = load_space(copy)
         except ConfigError as err:
             raise ConfigError(str(err).replace(str(copy), str(args.space))) from None
+    for warning in seen:  # shown with the user's file, not the scratch copy
+        text = str(warning.message).replace(str(copy), str(args.space))
+        warnings.warn_explicit(text, warning.category, warning.filename, warning.lineno)
     return data, space.name
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    import yaml
+
+    from schedule_search.checkpoint import atomic_write_text
     from schedule_search.experiment import Experiment
+    from schedule_search.resources import check_resources
 
     data, space_name = _prepare_space(args)
     name = args.name or space_name
     experiment = Experiment.named(name, args.storage)
     if (experiment.root / "sweep.json").exists():
         raise ConfigError(
-            f"{experiment.root}: experiment exists; `schedule-search resume {name}` continues it"
+            f"{experiment.root}: experiment exists; `{_again('resume', name, args.storage)}` "
+            "continues it"
         )
+    settings = _settings(args, data, name)
+    check_resources(settings)  # before anything is written: a trial that cannot fit waits forever
     with experiment_lock(experiment.root, "sweep"):
         if (experiment.root / "sweep.json").exists():  # another sweep got here first
             raise ConfigError(f"{experiment.root}: experiment exists")
-        return _start(args, data, name, experiment)
+        atomic_write_text(experiment.root / "space.yaml", yaml.safe_dump(data, sort_keys=False))
+        experiment.save_settings(settings)
+        return _run(settings, experiment, args.storage, resume=False)
 
 
-def _start(args: argparse.Namespace, data: dict, name: str, experiment) -> int:
+def _settings(args: argparse.Namespace, data: dict, name: str):
+    """How the sweep launches (saved in sweep.json so `resume` launches it the same way)."""
     import os
 
-    import yaml
-
-    from schedule_search.checkpoint import atomic_write_text
     from schedule_search.experiment import SweepSettings
 
     cpus = os.cpu_count() or 1
-    concurrency = args.concurrency or max(1, int(cpus // args.workers))
-    space_copy = experiment.root / "space.yaml"
-    atomic_write_text(space_copy, yaml.safe_dump(data, sort_keys=False))
-    settings = SweepSettings(
+    return SweepSettings(
         name=name,
-        space_path=str(space_copy),
         samples=int(data.get("samples", 8)),
         workers=args.workers,
-        concurrency=concurrency,
+        concurrency=args.concurrency or max(1, int(cpus // args.workers)),
         seed=int(data.get("seed", 0)),
         gpus_per_worker=args.gpus_per_worker,
         address=args.address or os.environ.get("RAY_ADDRESS"),
     )
-    experiment.save_settings(settings)
-    return _run(settings, args.storage, resume=False)
 
 
-def _run(settings, storage: Path | None, resume: bool) -> int:
+def _run(settings, experiment, storage: Path | None, resume: bool) -> int:
+    from schedule_search.interrupts import Interrupted
     from schedule_search.search import sweep
 
-    experiment = sweep(settings, storage, resume=resume)
+    try:
+        sweep(settings, experiment, resume=resume)
+    except Interrupted as stop:
+        again = _again("resume", experiment.root.name, storage)
+        print(
+            f"sweep stopped by {stop}, its trials checkpointed; `{again}` continues it",
+            file=sys.stderr,
+        )
+        return stop.exit_code
     _print_table(experiment)
     return 0
 
 
 def _resume(args: argparse.Namespace) -> int:
     from schedule_search.experiment import Experiment
+    from schedule_search.resources import check_resources
 
     experiment = Experiment.named(args.name, args.storage)
     settings = experiment.settings()
+    check_resources(settings)
     with experiment_lock(experiment.root, "resume"):
-        return _run(settings, args.storage, resume=True)
+        return _run(settings, experiment, args.storage, resume=True)
+
+
+def _recorded_space(experiment):
+    """The experiment's own copy of its space, read without building its task."""
+    from schedule_search.space import load_space
+
+    return load_space(experiment.root / "space.yaml", check_task=False)
 
 
 def _horizon(experiment) -> float:
-    from schedule_search.space import load_space, trial_config
+    from schedule_search.space import trial_config
 
-    return trial_config(load_space(experiment.root / "space.yaml"), {}).budget.horizon
+    return trial_config(_recorded_space(experiment), {}).budget.horizon
+
+
+def _warn_damaged(experiment) -> None:
+    for problem in experiment.problems():
+        print(f"warning: {problem}; that trial is left out", file=sys.stderr)
 
 
 def _print_table(experiment) -> None:
@@ -295,6 +344,7 @@ def _print_table(experiment) -> None:
     from schedule_search.averaging import fraction_label
 
     horizon = _horizon(experiment)
+    _warn_damaged(experiment)
     rows = experiment.write_table(horizon)
     best = experiment.best(horizon)
     table = Table(title=f"{experiment.root.name}: {len(rows)} trials (objective at {horizon:g}x)")
@@ -326,6 +376,8 @@ def _transfer(args: argparse.Namespace) -> int:
     import json
 
     from schedule_search.experiment import Experiment
+    from schedule_search.interrupts import Interrupted
+    from schedule_search.resources import check_resources
     from schedule_search.transfer import (
         METHODS,
         Unfinished,
@@ -350,6 +402,7 @@ def _transfer(args: argparse.Namespace) -> int:
     horizons = sorted({base.budget.horizon, *targets})
     methods = args.methods or before.get("methods") or list(METHODS)
     build_study(sweep, settings, horizons, methods)  # every first run is valid before Ray starts
+    check_resources(settings)
     launched_as = (before.get("horizons"), set(before.get("methods", [])), before.get("workers"))
     if before and launched_as != (horizons, set(methods), settings.workers):
         raise ConfigError(
@@ -361,8 +414,13 @@ def _transfer(args: argparse.Namespace) -> int:
         resume = launched.exists()
         try:
             root = run_transfer(sweep, settings, horizons, methods, resume)
+        except Interrupted as stop:
+            again = _again("transfer", args.name, args.storage)
+            print(f"transfer stopped by {stop}; `{again}` resumes it", file=sys.stderr)
+            return stop.exit_code
         except Unfinished as err:
-            print(f"transfer stopped: {err}; `transfer {args.name}` resumes it", file=sys.stderr)
+            again = _again("transfer", args.name, args.storage)
+            print(f"transfer stopped: {err}; `{again}` resumes it", file=sys.stderr)
             return EXIT_UNFINISHED
     print((root / "transfer.md").read_text())
     print(f"table, JSON and plots in {root}")
@@ -396,12 +454,12 @@ def _export(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from schedule_search.experiment import Experiment
     from schedule_search.optuna_study import write_optuna_mirror
-    from schedule_search.space import load_space
     from schedule_search.sweep_report import write_sweep_report
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
-    space = load_space(experiment.root / "space.yaml")
+    space = _recorded_space(experiment)
+    _warn_damaged(experiment)
     # The table and the Optuna journal first: a running or killed sweep has not written them
     # since its trials last moved.
     experiment.write_table(_horizon(experiment))
@@ -427,7 +485,19 @@ def _train(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Our input warnings as one line each; everything else as Python shows it."""
+    if issubclass(category, InputWarning):
+        print(f"warning: {message}", file=file or sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args)
@@ -436,6 +506,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
         print(f"error: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # before Tune ran, or a second Ctrl-C: stopped where it was
+        print("interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

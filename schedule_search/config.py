@@ -27,6 +27,11 @@ class ConfigError(ValueError):
     """A bad input. `str(err)` is the one line shown to the user (CLI exit code 2)."""
 
 
+class InputWarning(UserWarning):
+    """An input that works but is likely not what the user meant; the CLI shows `str()` as one
+    line (`warning: ...`)."""
+
+
 def parse(cls: type[T], data: Any, source: str, prefix: str = "") -> T:
     """Validate `data` into dataclass `cls`. `source` (a file name) and `prefix` (the section's
     key path, e.g. "task") locate every error: `source: prefix.key: message`."""
@@ -50,9 +55,7 @@ def _one_line(err: ValidationError, source: str, prefix: str) -> str:
     first = err.errors()[0]
     parts = [prefix] if prefix else []
     # Drop pydantic's tags for validators and union members ("constrained-float", "literal[...]").
-    parts += [
-        str(p) for p in first["loc"] if not re.match(r"^(function-|constrained-|literal\[)", str(p))
-    ]
+    parts += [str(p) for p in first["loc"] if not _PYDANTIC_TAG.match(str(p))]
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] in _UNKNOWN:
         message = "unknown key"
@@ -68,6 +71,15 @@ def _one_line(err: ValidationError, source: str, prefix: str) -> str:
     where = f"{source}: {key}" if key else source
     extra = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     return f"{where}: {message}{extra}"
+
+
+def is_plain_name(text: str) -> bool:
+    """A name that is one folder under its parent: letters, digits, '-', '_' and '.', not
+    starting with '.' (so never '..', a hidden folder or a path that leaves --storage)."""
+    return bool(text) and not text.startswith(".") and all(c.isalnum() or c in "-_." for c in text)
+
+
+PLAIN_NAME = "letters, digits, '-', '_' or '.' (not starting with '.')"
 
 
 def load_yaml(path: str | Path) -> Any:

@@ -30,6 +30,7 @@ from typing import Any
 from schedule_search.checkpoint import atomic_write_text
 from schedule_search.config import ConfigError, parse
 from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, write_recipe
+from schedule_search.records import read_records
 from schedule_search.train import TrainConfig
 
 RUNS = Path("runs")
@@ -40,7 +41,6 @@ class SweepSettings:
     """How a sweep was launched; saved in sweep.json so `resume` launches it the same way."""
 
     name: str
-    space_path: str
     samples: int
     workers: int
     concurrency: int
@@ -147,8 +147,12 @@ class Experiment:
         if not path.is_file():
             raise ConfigError(f"{self.root}: no sweep here (sweep.json not found)")
         try:
-            return SweepSettings(**json.loads(path.read_text()))
-        except (ValueError, TypeError) as err:
+            recorded = json.loads(path.read_text())
+            # Sweeps before 2026-12 wrote the space's absolute path; the space is always the
+            # folder's own space.yaml (the folder may have moved since).
+            recorded.pop("space_path", None)
+            return SweepSettings(**recorded)
+        except (ValueError, TypeError, AttributeError) as err:
             raise ConfigError(f"{path}: unreadable sweep settings ({err})") from None
 
     # -- per-trial records -----------------------------------------------------------------
@@ -178,9 +182,13 @@ class Experiment:
     def rows(self, horizon: float) -> list[TrialRow]:
         rows = []
         for trial_id in self.trial_ids():
-            config = self.read_trial_json(trial_id, "config.json") or {}
-            history = self.read_trial_json(trial_id, "metrics.json") or []
-            result = self.read_trial_json(trial_id, "result.json") or {}
+            records = read_records(self.trial_dir(trial_id))
+            config, history, result = records.config, records.history, records.result
+            if records.problem is not None:
+                rows.append(
+                    TrialRow(trial_id, "corrupt", config.get("params", {}), reason=records.problem)
+                )
+                continue
             row = TrialRow(trial_id, result.get("state", "running" if history else "pending"))
             row.params = config.get("params", {})
             row.reason = result.get("reason", "")
@@ -220,6 +228,15 @@ class Experiment:
             if r.state == "completed" and r.chinchilla >= horizon and math.isfinite(r.val_loss)
         ]
 
+    def problems(self) -> list[str]:
+        """One line per trial whose records are damaged (`records`); those trials are shown as
+        `corrupt` and never ranked."""
+        return [
+            problem
+            for trial_id in self.trial_ids()
+            if (problem := read_records(self.trial_dir(trial_id)).problem) is not None
+        ]
+
     def best(self, horizon: float, max_slowdown: float | None = None) -> TrialRow | None:
         """The lowest loss among trials that reached the horizon. With `max_slowdown`, only
         among those whose wall-clock time to the horizon is at most `max_slowdown` times the
@@ -230,6 +247,12 @@ class Experiment:
         self, output: Path, horizon: float, max_slowdown: float | None = None
     ) -> tuple[TrialRow, RecipeSpec]:
         """Write the best trial's config as a recipe file (atomically)."""
+        damaged = self.problems()
+        if damaged:  # the best may be the damaged trial: picking among the rest is a guess
+            raise ConfigError(
+                f"{damaged[0]}; export needs every trial's records (move that trial's folder "
+                "out of trials/ to export without it)"
+            )
         best = self.best(horizon, max_slowdown)
         if best is None:
             raise ConfigError(f"{self.root}: no trial has reached the {horizon:g}x horizon yet")

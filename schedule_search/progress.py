@@ -6,7 +6,8 @@ objective so far and the config that reached it; each trial's tokens/s; and an E
 
 The ETA counts work in Chinchilla multiples: what the planned trials still have to train,
 divided by the rate this driver has seen. With early stopping the remaining work is an upper
-bound, hence "ETA <=".
+bound, hence "ETA <=". It is shown once a trial has ended or a tenth of the work is done:
+before that the rate is mostly Ray's start-up (the first ETA of a 5-minute sweep said 26).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class LiveView:
         self.started_at = clock()
         self.trials: dict[str, _Trial] = {}
         self.units_this_session = 0.0
+        self.ended_this_session = 0
         self.best: tuple[float, str, dict[str, Any]] | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -69,6 +71,7 @@ class LiveView:
         self.__dict__.update(state)
         self.started_at = self.clock()
         self.units_this_session = 0.0
+        self.ended_this_session = 0
 
     def started(self, trial_id: str, params: dict[str, Any], resumed_from: float) -> None:
         start, end = self.span(params)
@@ -104,6 +107,7 @@ class LiveView:
             start, end = self.span(params)
             self.trials[trial_id] = _Trial(origin=start, end=end, reached=end)
         self.trials[trial_id].state = state
+        self.ended_this_session += 1
         self._print(f"trial {trial_id} {state}")
 
     def remaining_units(self) -> float:
@@ -118,6 +122,8 @@ class LiveView:
         elapsed = self.clock() - self.started_at
         if self.units_this_session <= 0 or elapsed <= 0:
             return None
+        if not self.ended_this_session and self.units_this_session < 0.1 * self.planned_units:
+            return None  # the rate so far is mostly start-up
         return self.remaining_units() / (self.units_this_session / elapsed)
 
     def status_line(self) -> str:
@@ -132,7 +138,7 @@ class LiveView:
             loss, trial_id, params = self.best
             line += f" | best {loss:.4f} (trial {trial_id}: {_short(params)})"
         eta = self.eta_s()
-        line += f" | ETA <= {_duration(eta)}" if eta is not None else " | ETA after a result"
+        line += f" | ETA <= {_duration(eta)}" if eta is not None else " | ETA after more results"
         return line
 
     def _print(self, event: str) -> None:

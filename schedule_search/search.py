@@ -13,13 +13,14 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from schedule_search.config import to_dict
+from schedule_search.config import ConfigError, to_dict
 from schedule_search.experiment import Experiment, SweepSettings, train_run_name
+from schedule_search.interrupts import Interrupted, graceful_stop
 from schedule_search.optuna_study import (
     make_sampler,
     optuna_distributions,
@@ -115,10 +116,20 @@ class TrialRecorder(tune.Callback):
     """Writes each trial's end (completed, stopped early, diverged, error) into its folder, as
     soon as it happens: a durable record that does not wait for Tune's next snapshot."""
 
+    #: The experiment a driver is restoring Tune into. Tune pickles its callbacks with its
+    #: state, experiment path included; a folder moved or renamed since would have its trials
+    #: recorded at the old place. Unpickling re-points the recorder to the folder resumed.
+    restoring_into: ClassVar[Experiment | None] = None
+
     def __init__(self, experiment: Experiment, progress: LiveView) -> None:
         self.experiment = experiment
         self.progress = progress
         self.started: dict[str, float] = {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if TrialRecorder.restoring_into is not None:
+            self.experiment = TrialRecorder.restoring_into
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started[trial.trial_id] = time.monotonic()
@@ -240,12 +251,10 @@ def _init_ray(settings: SweepSettings) -> None:
         )
 
 
-def sweep(
-    settings: SweepSettings, storage: str | Path | None = None, resume: bool = False
-) -> Experiment:
-    """Run (or resume) the sweep whose folder (space.yaml, sweep.json) the CLI has laid out;
-    returns its experiment folder."""
-    experiment = Experiment.named(settings.name, storage)
+def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False) -> None:
+    """Run (or resume) the sweep in `experiment`, whose folder (space.yaml, sweep.json) the CLI
+    has laid out. The folder is wherever it is now: moved, copied or renamed since it was
+    launched, it is resumed and recorded there (`TrialRecorder.restoring_into`)."""
     space = load_space(experiment.root / "space.yaml")
     base = trial_config(space, {})
     horizon = base.budget.horizon
@@ -255,7 +264,7 @@ def sweep(
         num_samples=settings.samples,
         max_concurrent_trials=settings.concurrency,
     )
-    resolve = SpaceTrials(space, settings.space_path)
+    resolve = SpaceTrials(space, str(experiment.root / "space.yaml"))
     experiment.log_driver("started", resume=resume)
     with ray_session(settings):
         progress = LiveView(
@@ -265,16 +274,31 @@ def sweep(
     experiment.log_driver("ended")
     experiment.write_table(horizon)
     write_optuna_mirror(experiment, space)
-    return experiment
 
 
 def _known_trial_ids(experiment: Experiment) -> set[str]:
-    """Trial ids in Tune's newest experiment snapshot (each trial is a JSON string in it)."""
+    """Trial ids in Tune's newest experiment snapshot (each trial is a JSON string in it).
+    A damaged snapshot, or a damaged searcher state beside it, is a ConfigError: Tune would
+    print a traceback, and for the searcher's state hang."""
     states = sorted(experiment.tune_dir.glob("experiment_state-*.json"))
     if not states:
         return set()
-    snapshot = json.loads(states[-1].read_text())
-    return {json.loads(entry[0])["trial_id"] for entry in snapshot["trial_data"]}
+    advice = (
+        "Tune cannot resume from it; put back a copy of the tune/ folder, or start the space "
+        "again under a new --name (trials/ keeps every finished trial's records)"
+    )
+    try:
+        snapshot = json.loads(states[-1].read_text())
+        known = {json.loads(entry[0])["trial_id"] for entry in snapshot["trial_data"]}
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        raise ConfigError(f"{states[-1]}: damaged ({err.__class__.__name__}); {advice}") from None
+    for state in experiment.tune_dir.glob("searcher-state-*.pkl"):
+        try:
+            with open(state, "rb") as handle:
+                pickle.load(handle)
+        except Exception as err:  # whatever unpickling garbage raises
+            raise ConfigError(f"{state}: damaged ({err.__class__.__name__}); {advice}") from None
+    return known
 
 
 def _trial_driver_resources() -> dict[str, float]:
@@ -320,9 +344,16 @@ def run_tune(
                 "their config is suggested again)",
                 flush=True,
             )
-        tuner = tune.Tuner.restore(
-            str(experiment.tune_dir), trainable=driver, resume_unfinished=True, resume_errored=True
-        )
+        TrialRecorder.restoring_into = experiment
+        try:
+            tuner = tune.Tuner.restore(
+                str(experiment.tune_dir),
+                trainable=driver,
+                resume_unfinished=True,
+                resume_errored=True,
+            )
+        finally:
+            TrialRecorder.restoring_into = None
     else:
         tuner = tune.Tuner(
             driver,
@@ -336,4 +367,7 @@ def run_tune(
                 verbose=0,
             ),
         )
-    tuner.fit()
+    with graceful_stop() as stop:
+        tuner.fit()
+    if stop.number is not None:
+        raise Interrupted(stop.number)

@@ -32,6 +32,7 @@ from schedule_search.averaging import fraction_label
 from schedule_search.checkpoint import atomic_write_text
 from schedule_search.experiment import Experiment, TrialRow
 from schedule_search.optuna_study import optuna_distributions
+from schedule_search.records import read_records
 from schedule_search.report import save_figure
 from schedule_search.space import SearchSpace, trial_config
 
@@ -53,7 +54,7 @@ def read_windows(path: Path) -> list[dict[str, Any]]:
 
 
 @dataclass
-class TrialRecords:
+class PlotRecords:
     """What the report reads of one trial, read once: sampled params, evaluations, windows."""
 
     params: dict[str, Any]
@@ -61,15 +62,15 @@ class TrialRecords:
     windows: list[dict[str, Any]]
 
 
-def load_records(experiment: Experiment) -> dict[str, TrialRecords]:
-    return {
-        trial_id: TrialRecords(
-            params=(experiment.read_trial_json(trial_id, "config.json") or {}).get("params", {}),
-            history=experiment.read_trial_json(trial_id, "metrics.json") or [],
-            windows=read_windows(experiment.trial_dir(trial_id) / "windows.jsonl"),
-        )
-        for trial_id in experiment.trial_ids()
-    }
+def load_records(experiment: Experiment) -> dict[str, PlotRecords]:
+    """Every trial's records but those of damaged trials (the CLI names them)."""
+    out = {}
+    for trial_id in experiment.trial_ids():
+        recorded = read_records(experiment.trial_dir(trial_id))
+        if recorded.problem is None:
+            windows = read_windows(experiment.trial_dir(trial_id) / "windows.jsonl")
+            out[trial_id] = PlotRecords(recorded.params, recorded.history, windows)
+    return out
 
 
 def _ranked(rows: list[TrialRow]) -> list[TrialRow]:
@@ -98,7 +99,7 @@ def _best_table(rows: list[TrialRow]) -> str:
 
 
 def _plot_losses(
-    path: Path, records: dict[str, TrialRecords], rows: list[TrialRow], best: str
+    path: Path, records: dict[str, PlotRecords], rows: list[TrialRow], best: str
 ) -> None:
     figure, axis = plt.subplots(figsize=(8, 5))
     for r in rows:
@@ -130,7 +131,7 @@ def _cumulative_tokens(windows: list[dict[str, Any]]) -> list[int]:
 
 
 def _plot_lr_ema(
-    path: Path, records: dict[str, TrialRecords], rows: list[TrialRow], best: str
+    path: Path, records: dict[str, PlotRecords], rows: list[TrialRow], best: str
 ) -> None:
     figure, (lr_axis, ema_axis) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in rows:
@@ -173,16 +174,17 @@ def _rolling_mean(values: list[float], n: int) -> list[float]:
 
 
 def _plot_windows(
-    path: Path, records: dict[str, TrialRecords], rows: list[TrialRow], best: str
+    path: Path, records: dict[str, PlotRecords], rows: list[TrialRow], best: str
 ) -> None:
     figure, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
     panels = (
-        ("microbatches", "micro-batches per window"),
-        ("tokens", "tokens per window"),
+        ("microbatches", "micro-batches per window (summed over ranks)"),
+        ("tokens", "tokens per window (summed over ranks)"),
         ("grad_norm", "grad norm (before clipping)"),
         ("tokens_per_s", f"tokens/s (mean over {SMOOTHING} windows)"),
     )
-    for r in rows:
+    dashes = ("-", "--", ":", "-.")  # trials with equal windows draw on top of each other
+    for i, r in enumerate(rows):
         windows = records[r.trial_id].windows
         if not windows:
             continue
@@ -194,8 +196,9 @@ def _plot_windows(
                 elapsed,
                 _rolling_mean(values, SMOOTHING) if key == "tokens_per_s" else values,
                 label=r.trial_id,
-                linewidth=1.5 if r.trial_id == best else 0.7,
-                alpha=1.0 if r.trial_id == best else 0.6,
+                linestyle=dashes[i % len(dashes)],
+                linewidth=1.5 if r.trial_id == best else 0.9,
+                alpha=1.0 if r.trial_id == best else 0.7,
             )
     for axis, (key, title) in zip(axes.flat, panels, strict=True):
         axis.set_title(title)
@@ -217,7 +220,7 @@ def common_multiple(histories: dict[str, list[dict[str, Any]]]) -> float | None:
 
 
 def _optuna_figures(
-    report_dir: Path, records: dict[str, TrialRecords], space: SearchSpace
+    report_dir: Path, records: dict[str, PlotRecords], space: SearchSpace
 ) -> tuple[dict[str, str], float | None]:
     """Optuna's importance and parallel-coordinates plots of an in-memory study whose values
     are the losses at the common multiple (a trial stopped at 1x and one that ran to 4x are
@@ -252,13 +255,32 @@ def _optuna_figures(
         except (RuntimeError, ValueError, ZeroDivisionError) as err:
             reasons[name] = f"Optuna could not draw it: {err}"
             continue
+        if name == "parallel_coords.png":
+            _visible_on_grey(axis)
+        elif len(study.trials) < FEW_TRIALS:
+            hint = f"{len(study.trials)} trials: a hint, not a verdict"
+            axis.set_title(f"{axis.get_title()} - {hint}")
         axis.figure.set_size_inches(*size)
         save_figure(axis.figure, report_dir / name)
         reasons[name] = ""
     return reasons, multiple
 
 
-def write_tensorboard(records: dict[str, TrialRecords], out: Path) -> list[Path]:
+#: Below this many trials fANOVA's importances move a lot with one more trial.
+FEW_TRIALS = 20
+
+
+def _visible_on_grey(axis) -> None:
+    """Optuna colours parallel coordinates with Blues, whose worst end is white on its grey
+    background; viridis keeps both ends visible (the colour bar follows)."""
+    from matplotlib.collections import LineCollection
+
+    for collection in axis.collections:
+        if isinstance(collection, LineCollection):
+            collection.set_cmap("viridis")
+
+
+def write_tensorboard(records: dict[str, PlotRecords], out: Path) -> list[Path]:
     """TensorBoard event files, one folder per trial: every window (loss, grad norm, LR,
     micro-batches, tokens, tokens/s) and every evaluation (raw and EMA validation losses),
     all against tokens seen. Written anew from the durable records each time."""
@@ -306,7 +328,8 @@ FIGURES = (  # file, title, what it shows ({m}: the common multiple of the Optun
         "importance.png",
         "Parameter importance (Optuna, fANOVA)",
         "How much of the spread of the loss at {m}x each parameter explains; {m}x is the "
-        "largest multiple every trial reached, so trials stopped early compare like for like.",
+        "largest multiple every trial reached, so trials stopped early compare like for like. "
+        f"With fewer than {FEW_TRIALS} trials it is a hint: one more trial can reorder it.",
     ),
     (
         "parallel_coords.png",

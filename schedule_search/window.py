@@ -61,6 +61,19 @@ class WindowConfig:
     max_microbatches: PositiveInt = 1024
     clip_norm: PositiveFloat | None = 1.0
 
+    def __post_init__(self) -> None:
+        # The cap ends every window; a window asked to be longer would be cut short silently.
+        if self.policy == "microbatches" and self.microbatches > self.max_microbatches:
+            raise ValueError(
+                f"microbatches: {self.microbatches} exceeds max_microbatches "
+                f"({self.max_microbatches}), which caps every window; raise it to mean this"
+            )
+        if self.policy == "grad_norm" and self.min_microbatches > self.max_microbatches:
+            raise ValueError(
+                f"min_microbatches: {self.min_microbatches} exceeds max_microbatches "
+                f"({self.max_microbatches})"
+            )
+
 
 @dataclass(frozen=True)
 class WindowRecord:

@@ -23,9 +23,11 @@ def test_counts_best_and_eta_of_a_sweep(capsys):
     view.result("a", {"lr": 0.1}, {"chinchilla": 1.0, "val_loss": 2.0, "tokens_per_s": 5e4})
     # 1 unit in 10 s; 11 units left (a has 3 to go, two trials of 4 wait)
     assert view.remaining_units() == pytest.approx(11.0)
-    assert view.eta_s() == pytest.approx(110.0)
+    assert view.eta_s() is None  # 1 of 12 units and no trial ended: the rate is start-up
+    assert view.status_line().endswith("ETA after more results")
     view.finished("a", {"lr": 0.1}, "stopped")  # stopped at 1x: it will not train 1x-4x
     assert view.remaining_units() == pytest.approx(8.0)
+    assert view.eta_s() == pytest.approx(80.0)  # a trial ended: 8 units at 1 per 10 s
     view.started("b", {"lr": 0.2}, resumed_from=2.0)  # resumed: its first 2 units were done before
     clock.now = 20.0
     view.result("b", {"lr": 0.2}, {"chinchilla": 4.0, "val_loss": 1.5, "tokens_per_s": 6e4})

@@ -71,7 +71,36 @@ MALFORMED = [
         "scheduler: asha",
     ),
     (variant("points_to_evaluate", [{"optimizer.momentum": 0.5}]), "not a searched param"),
-    (variant("points_to_evaluate", [{"optimizer.lr": -3}]), "points_to_evaluate[0]"),
+    (
+        variant("points_to_evaluate", [{"optimizer.lr": -3, "ema.objective": 0.1}]),
+        "points_to_evaluate[0].optimizer.lr: expected a number in [0.001, 0.1], got -3",
+    ),
+    (
+        variant("points_to_evaluate", [{"optimizer.lr": 0.5, "ema.objective": 0.1}]),
+        "points_to_evaluate[0].optimizer.lr: expected a number in [0.001, 0.1], got 0.5",
+    ),
+    (  # the form the space docstring once showed: Ray crashed after the folder was written
+        variant("points_to_evaluate", [{"optimizer.lr": 0.01}]),
+        "points_to_evaluate[0]: ema.objective is missing",
+    ),
+    (variant("params/optimizer.lr/high", float("inf")), "params.optimizer.lr.low: bounds must"),
+    (variant("params/optimizer.lr/low", float("nan")), "bounds must be finite"),
+    (variant("params", {}), "params: nothing to search"),
+    (
+        variant("params/budget.horizon", {"type": "uniform", "low": 1.0, "high": 2.0}),
+        "params.budget.horizon: not searchable",
+    ),
+    (
+        variant("params/checkpoint.keep", {"type": "int", "low": 1, "high": 3}),
+        "params.checkpoint.keep: not searchable",
+    ),
+    (
+        variant("params/window.microbatches", {"type": "int", "low": 1, "high": 10**12}),
+        "window.microbatches: 1000000000000 exceeds max_microbatches (1024)",
+    ),
+    (variant("name", "../escape"), "name: expected letters, digits"),
+    (variant("name", "/tmp/elsewhere"), "name: expected letters, digits"),
+    (variant("name", ".hidden"), "name: expected letters, digits"),
     ([1, 2], "expected a mapping"),
 ]
 
@@ -194,3 +223,29 @@ def test_a_space_names_its_sampler(tmp_path, capsys):
     assert main(["sweep", str(path), "--storage", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     assert "sampler" in err and err.count("\n") == 1
+
+
+def test_a_trial_that_cannot_fit_and_a_tiny_corpus_are_named_before_anything_is_written(
+    tmp_path, capsys
+):
+    import os
+
+    data = tmp_path / "tiny.txt"
+    data.write_text("def f(x):\n    return x + 1\n" * 35)  # ~1 KB: under one micro-batch
+    space = {**GOOD, "base": {**GOOD["base"], "task": {"name": "tinylm", "data": str(data)}}}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    storage = tmp_path / "runs"
+    workers = str((os.cpu_count() or 1) + 1)
+    assert main(["sweep", str(path), "--workers", workers, "--storage", str(storage)]) == 2
+    warning, error = capsys.readouterr().err.splitlines()
+    assert warning.startswith(f"warning: {path}: task.data: ") and "fewer than 4 micro" in warning
+    assert error == (
+        f"error: --workers: a trial of {workers} workers x 1 CPU needs {workers} CPUs; "
+        f"this machine has {os.cpu_count()}"
+    )
+    assert not storage.exists()
+    gpus = ["--workers", "1", "--gpus-per-worker", "1000"]
+    assert main(["sweep", str(path), *gpus, "--storage", str(storage)]) == 2
+    assert "--gpus-per-worker: a trial of 1 workers x 1000 GPU" in capsys.readouterr().err
+    assert not storage.exists()

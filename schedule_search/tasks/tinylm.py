@@ -8,6 +8,7 @@ counts the non-embedding parameters.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -17,8 +18,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from schedule_search.config import STRICT, ConfigError, parse
+from schedule_search.config import STRICT, ConfigError, InputWarning, parse
 from schedule_search.tasks import Microbatch, corpus, seeded_generator
+
+#: Fewer training tokens than this many micro-batches: every window sees the same text.
+FEW_MICROBATCHES = 4
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -118,6 +122,15 @@ class TinyLMTask:
                 f"split; expected more than context + 1 = {config.context + 1})"
             )
         self.tokens_per_microbatch = config.batch * config.context
+        if len(self.corpus.train) < FEW_MICROBATCHES * self.tokens_per_microbatch:
+            warnings.warn(
+                f"{source}: task.data: {self.corpus.description} holds "
+                f"{len(self.corpus.train):,} training tokens, fewer than {FEW_MICROBATCHES} "
+                f"micro-batches of {self.tokens_per_microbatch:,}: every window repeats the same "
+                "text and the model memorises it; point task.data at a larger corpus",
+                InputWarning,
+                stacklevel=2,
+            )
 
     def build_model(self) -> torch.nn.Module:
         torch.manual_seed(self.seed)

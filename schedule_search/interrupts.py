@@ -1,0 +1,70 @@
+"""Ctrl-C and SIGTERM stop a sweep or a transfer the way Tune stops on Ctrl-C: its trials are
+checkpointed where they are and its state saved, so `resume` (or `transfer` again) continues.
+
+Tune handles SIGINT itself and then returns from `fit()` as if the run had ended, and a
+SIGTERM kills the driver with a native stack dump. While Tune runs, both signals are recorded
+here and forwarded to Tune's graceful stop (its SIGUSR1 handler); after `fit()` the caller
+raises `Interrupted`, which the CLI turns into one line and exit code 128 + the signal.
+A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+class Interrupted(Exception):
+    """The run was stopped by a signal; its state is saved."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(signal.Signals(number).name)
+        self.number = number
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.number
+
+
+@dataclass
+class StopSignal:
+    number: int | None = None
+
+
+@contextlib.contextmanager
+def graceful_stop() -> Iterator[StopSignal]:
+    """Within: SIGINT and SIGTERM ask Tune to stop gracefully and are recorded."""
+    received = StopSignal()
+
+    def on_signal(number: int, frame: Any) -> None:
+        if received.number is not None:
+            raise KeyboardInterrupt  # a second signal: the user means now
+        received.number = number
+        if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's, installed once fit() started
+            os.kill(os.getpid(), signal.SIGUSR1)  # Tune's own graceful-stop signal
+        else:
+            raise KeyboardInterrupt  # before Tune runs there is nothing to save
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # no stale Tune's
+    tune_handler = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # SIGINT is ours; Tune keeps SIGUSR1
+    # Tune's own notices name `Tuner.restore(...)`; the CLI names the command that resumes.
+    tune_log = logging.getLogger("ray.tune.tune")
+    level = tune_log.level
+    tune_log.setLevel(logging.ERROR)
+    try:
+        yield received
+    finally:
+        tune_log.setLevel(level)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if tune_handler is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = tune_handler
