@@ -292,11 +292,15 @@ def _settings(args: argparse.Namespace, data: dict, name: str):
 
 
 def _run(settings, experiment, storage: Path | None, resume: bool) -> int:
+    from schedule_search.failures import TrialsFailed
     from schedule_search.interrupts import Interrupted
     from schedule_search.search import sweep
 
     try:
         sweep(settings, experiment, resume=resume)
+    except TrialsFailed as err:
+        print(f"sweep ended: {err}", file=sys.stderr)
+        return EXIT_UNFINISHED
     except Interrupted as stop:
         again = _again("resume", experiment.root.name, storage)
         print(
@@ -376,6 +380,7 @@ def _transfer(args: argparse.Namespace) -> int:
     import json
 
     from schedule_search.experiment import Experiment
+    from schedule_search.failures import TrialsFailed
     from schedule_search.interrupts import Interrupted
     from schedule_search.resources import check_resources
     from schedule_search.transfer import (
@@ -414,6 +419,9 @@ def _transfer(args: argparse.Namespace) -> int:
         resume = launched.exists()
         try:
             root = run_transfer(sweep, settings, horizons, methods, resume)
+        except TrialsFailed as err:
+            print(f"transfer ended: {err}", file=sys.stderr)
+            return EXIT_UNFINISHED
         except Interrupted as stop:
             again = _again("transfer", args.name, args.storage)
             print(f"transfer stopped by {stop}; `{again}` resumes it", file=sys.stderr)

@@ -196,7 +196,14 @@ class Experiment:
             if row.state == "stopped" and "milestone" in result:
                 # The searcher was told the trial up to its stop; what it trained after the
                 # STOP arrived is not its result (status, export and the journal agree).
-                history = [h for h in history if h.get("milestone", 0) <= result["milestone"]]
+                counted = [h for h in history if h.get("milestone", 0) <= result["milestone"]]
+                if counted and len(counted) < len(history):
+                    told, trained = counted[-1]["chinchilla"], history[-1]["chinchilla"]
+                    row.reason = (
+                        f"{row.reason}; trained on to {trained:g}x before the stop arrived "
+                        f"(not counted: the searcher was told {told:g}x)"
+                    )
+                history = counted
             if history:
                 last = history[-1]
                 row.chinchilla = last.get("chinchilla", 0.0)

@@ -54,17 +54,26 @@ def graceful_stop() -> Iterator[StopSignal]:
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # no stale Tune's
     tune_handler = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # SIGINT is ours; Tune keeps SIGUSR1
-    # Tune's own notices name `Tuner.restore(...)`; the CLI names the command that resumes.
-    tune_log = logging.getLogger("ray.tune.tune")
-    level = tune_log.level
-    tune_log.setLevel(logging.ERROR)
     try:
         yield received
     finally:
-        tune_log.setLevel(level)
         for number, handler in previous.items():
             signal.signal(number, handler)
         if tune_handler is None:
             os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
         else:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = tune_handler
+
+
+@contextlib.contextmanager
+def quiet(logger_name: str) -> Iterator[None]:
+    """Within: the logger says nothing. Tune's notices name `Tuner.restore(...)` where the CLI
+    names the command that resumes, and print each failed trial's traceback where the live
+    view prints its one-line cause (the traceback stays in the file its record names)."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -102,13 +102,13 @@ class LiveView:
             f"{result.get('tokens_per_s', 0):,.0f} tok/s"
         )
 
-    def finished(self, trial_id: str, params: dict[str, Any], state: str) -> None:
+    def finished(self, trial_id: str, params: dict[str, Any], state: str, why: str = "") -> None:
         if trial_id not in self.trials:  # ended before this driver saw it start
             start, end = self.span(params)
             self.trials[trial_id] = _Trial(origin=start, end=end, reached=end)
         self.trials[trial_id].state = state
         self.ended_this_session += 1
-        self._print(f"trial {trial_id} {state}")
+        self._print(f"trial {trial_id} {state}" + (f": {why}" if why else ""))
 
     def remaining_units(self) -> float:
         """Work left: the planned total, less what ended trials covered (all of it: a trial

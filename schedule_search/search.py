@@ -16,11 +16,13 @@ import os
 import pickle
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 from schedule_search.config import ConfigError, to_dict
 from schedule_search.experiment import Experiment, SweepSettings, train_run_name
-from schedule_search.interrupts import Interrupted, graceful_stop
+from schedule_search.failures import FailFast, error_line, raise_if_trials_cannot_run
+from schedule_search.interrupts import Interrupted, graceful_stop, quiet
 from schedule_search.optuna_study import (
     make_sampler,
     optuna_distributions,
@@ -29,6 +31,7 @@ from schedule_search.optuna_study import (
 )
 from schedule_search.progress import METRIC, LiveView
 from schedule_search.space import SearchSpace, load_space, trial_config, uses_asha
+from schedule_search.tasks import task_code
 from schedule_search.train import TrainConfig
 
 # Quieter Ray, and a Tune snapshot every second so a killed driver forgets as little as possible.
@@ -121,9 +124,10 @@ class TrialRecorder(tune.Callback):
     #: recorded at the old place. Unpickling re-points the recorder to the folder resumed.
     restoring_into: ClassVar[Experiment | None] = None
 
-    def __init__(self, experiment: Experiment, progress: LiveView) -> None:
+    def __init__(self, experiment: Experiment, progress: LiveView, fail_fast: FailFast) -> None:
         self.experiment = experiment
         self.progress = progress
+        self.fail_fast = fail_fast
         self.started: dict[str, float] = {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -151,9 +155,19 @@ class TrialRecorder(tune.Callback):
         self._record(trial, state, reason, result)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._record(trial, "error", str(trial.error_file or "error"), trial.last_result or {})
+        """Called once Tune's retries are spent."""
+        result = trial.last_result or {}
+        reason = error_line(trial.error_file)
+        self._record(trial, "error", reason, result, {"error_file": str(trial.error_file)})
+        if "chinchilla" not in result:  # failed to start on every attempt: so will the rest
+            self.fail_fast.reason = (
+                f"trial {trial.trial_id} failed before its first evaluation on every attempt: "
+                f"{reason}"
+            )
 
-    def _record(self, trial, state: str, reason: str, result: dict) -> None:
+    def _record(
+        self, trial, state: str, reason: str, result: dict, extra: dict | None = None
+    ) -> None:
         trial_id = trial.trial_id
         started = self.started.pop(trial_id, None)
         earlier = self.experiment.read_trial_json(trial_id, "result.json")
@@ -168,8 +182,8 @@ class TrialRecorder(tune.Callback):
             record["milestone"] = result["milestone"]
         if started is not None:  # seconds this driver saw the trial run (this attempt)
             record["trial_s"] = time.monotonic() - started
-        self.experiment.write_trial_json(trial_id, "result.json", record)
-        self.progress.finished(trial_id, trial.config, state)
+        self.experiment.write_trial_json(trial_id, "result.json", record | (extra or {}))
+        self.progress.finished(trial_id, trial.config, state, reason if state == "error" else "")
 
 
 class MilestoneOptunaSearch(OptunaSearch):
@@ -239,9 +253,16 @@ def _scheduler(space: SearchSpace, horizon: float, milestones: list[float]):
     )
 
 
-def _init_ray(settings: SweepSettings) -> None:
+def _init_ray(settings: SweepSettings, code: Path | None) -> None:
     if settings.address:
-        ray.init(address=settings.address, logging_level="WARNING", log_to_driver=False)
+        # A cluster's workers have neither the driver's PYTHONPATH nor its working directory:
+        # the user's task module travels with the job.
+        ray.init(
+            address=settings.address,
+            runtime_env={"py_modules": [str(code)]} if code else None,
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
     else:
         ray.init(
             num_cpus=os.cpu_count(),
@@ -266,7 +287,7 @@ def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False)
     )
     resolve = SpaceTrials(space, str(experiment.root / "space.yaml"))
     experiment.log_driver("started", resume=resume)
-    with ray_session(settings):
+    with ray_session(settings, base.task):
         progress = LiveView(
             settings.samples, settings.samples * horizon, lambda params: (0.0, horizon)
         )
@@ -312,9 +333,10 @@ def _trial_driver_resources() -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def ray_session(settings: SweepSettings) -> Iterator[None]:
-    """A local Ray (or a connection to the cluster at `settings.address`), always shut down."""
-    _init_ray(settings)
+def ray_session(settings: SweepSettings, task: dict[str, Any]) -> Iterator[None]:
+    """A local Ray (or a connection to the cluster at `settings.address`, which is sent the
+    code of the user's `task`), always shut down."""
+    _init_ray(settings, task_code(task))
     try:
         yield
     finally:
@@ -355,6 +377,7 @@ def run_tune(
         finally:
             TrialRecorder.restoring_into = None
     else:
+        fail_fast = FailFast()
         tuner = tune.Tuner(
             driver,
             param_space=param_space,
@@ -363,11 +386,13 @@ def run_tune(
                 name=experiment.tune_dir.name,
                 storage_path=str(experiment.root),
                 failure_config=tune.FailureConfig(max_failures=settings.max_failures),
-                callbacks=[TrialRecorder(experiment, progress)],
+                callbacks=[TrialRecorder(experiment, progress, fail_fast)],
+                stop=fail_fast,
                 verbose=0,
             ),
         )
-    with graceful_stop() as stop:
+    with graceful_stop() as stop, quiet("ray.tune"):
         tuner.fit()
     if stop.number is not None:
         raise Interrupted(stop.number)
+    raise_if_trials_cannot_run(experiment)

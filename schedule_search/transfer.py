@@ -142,7 +142,7 @@ def run_transfer(
             indent=1,
         ),
     )
-    with ray_session(settings):
+    with ray_session(settings, study.base.task):
         records = _run_rounds(study, root, settings, resume)
     from schedule_search.report import write_transfer_report
 

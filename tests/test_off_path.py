@@ -16,6 +16,7 @@ import yaml
 
 from schedule_search.cli import main
 from schedule_search.experiment import Experiment
+from schedule_search.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -222,3 +223,84 @@ def test_a_killed_sweep_moved_and_renamed_resumes_where_its_folder_is_now(tmp_pa
     assert exported.returncode == 0, exported.stderr
     recipe = yaml.safe_load((experiment.root / "recipe.yaml").read_text())
     assert recipe["source"]["trial_id"] == min(finals, key=finals.get)
+
+
+TASK_MODULE = '''"""A user's task: linreg under another name, importable only where this file is."""
+from schedule_search.tasks.linreg import build
+
+
+def make(seed, **options):
+    return build(options, seed=seed)
+'''
+
+
+@pytest.mark.parametrize("shipped", [True, False])
+def test_a_user_task_reaches_a_node_that_lacks_it(tmp_path, shipped):
+    """A cluster node started without the user's module on its path: the sweep ships it
+    (runtime_env), or, where it is not shipped, ends at the first trial in one line."""
+    from ray.cluster_utils import Cluster
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "usertask.py").write_text(TASK_MODULE)
+    base = json.loads(json.dumps(SPACE["base"])) | {
+        "task": {"name": "usertask:make", "dim": 64, "batch": 16}
+    }
+    storage = tmp_path / "runs"
+    command = [*sweep_command(tmp_path, storage, samples=2, base=base), "--concurrency", "1"]
+    # The driver imports the module from its PYTHONPATH; the nodes, started by this test
+    # process, have neither that path nor the driver's working directory.
+    env = os.environ | {"PYTHONPATH": str(code), "RAY_ADDRESS": ""}
+    if not shipped:  # in a site-packages folder: installed, for the sweep, so not shipped
+        installed = tmp_path / "site-packages"
+        installed.mkdir()
+        shutil.move(code / "usertask.py", installed / "usertask.py")
+        env["PYTHONPATH"] = str(installed)
+    head = {"num_cpus": 0, "include_dashboard": True, "dashboard_port": free_port()}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        node = cluster.add_node(num_cpus=2)
+        done = subprocess.run(
+            [*command, "--address", cluster.address],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=400,
+        )
+    finally:
+        cluster.shutdown()
+    experiment = Experiment(storage / "off")
+    if shipped:
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = experiment.rows(2.0)
+        assert len(rows) == 2 and all(r.state == "completed" for r in rows), rows
+        placement = json.loads(
+            (experiment.trial_dir(rows[0].trial_id) / "workers" / "rank-0.json").read_text()
+        )
+        assert placement["node_id"] == node.node_id
+    else:
+        assert done.returncode == 1, done.stderr[-3000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("sweep ended: trials cannot start: ") and "usertask" in last
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert len(experiment.trial_ids()) == 1  # the second trial never started
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"name": "a_module_not_here:make", "dim": 64},
+        {"name": "tinylm", "data": "/nonexistent/corpus/that/moved"},
+    ],
+)
+def test_status_export_and_report_read_the_records_alone(finished, tmp_path, capsys, task):
+    """The task's module or data gone from this machine: reading the sweep still works."""
+    storage, experiment = copy_of(finished, tmp_path)
+    space = yaml.safe_load((experiment.root / "space.yaml").read_text())
+    space["base"]["task"] = task
+    (experiment.root / "space.yaml").write_text(yaml.safe_dump(space))
+    for verb in ("status", "export", "report"):
+        code, err = run_cli(capsys, verb, "off", "--storage", str(storage))
+        assert code == 0 and err == "", (verb, err)
+    assert (experiment.root / "recipe.yaml").is_file()

@@ -138,7 +138,11 @@ def check_journal(experiment: Experiment, study: optuna.Study, rows: list) -> No
         history = experiment.read_trial_json(row.trial_id, "metrics.json")
         if row.state == "stopped":  # what it trained after the STOP arrived is not its result
             stop = experiment.read_trial_json(row.trial_id, "result.json")["milestone"]
-            history = [h for h in history if h["milestone"] <= stop]
+            counted = [h for h in history if h["milestone"] <= stop]
+            # Its record says exactly what happened: status shows it in the reason.
+            past = len(counted) < len(history)
+            assert ("trained on to" in row.reason) == past, (row.reason, history, stop)
+            history = counted
             assert row.chinchilla == history[-1]["chinchilla"] < 4.0
             assert trial.value == history[-1]["val_loss"]  # as Optuna tells a pruned trial
         assert trial.intermediate_values == {h["milestone"]: h["val_loss"] for h in history}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -98,6 +99,23 @@ def _import_factory(name: Any, source: str) -> Callable[..., Task]:
     if not callable(factory):
         raise ConfigError(f"{source}: task.name: {module_name} has no callable {attribute!r}")
     return factory
+
+
+def task_code(spec: Mapping[str, Any]) -> Path | None:
+    """Where a user's task module lives (its file, or its top-level package's folder), for Ray
+    to ship to workers that do not have it (`runtime_env` `py_modules`); None for the built-in
+    tasks and for modules installed in site-packages (install those on the cluster too)."""
+    name = spec.get("name") if isinstance(spec, Mapping) else None
+    if not isinstance(name, str) or name in BUILTIN_TASKS or ":" not in name:
+        return None
+    top = importlib.import_module(name.split(":")[0].split(".")[0])
+    origin = getattr(top, "__file__", None)
+    if origin is None:
+        return None
+    path = Path(origin).parent if Path(origin).name == "__init__.py" else Path(origin)
+    if {"site-packages", "dist-packages"} & set(path.parts):
+        return None
+    return path
 
 
 def seeded_generator(*keys: int) -> torch.Generator:
