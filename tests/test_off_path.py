@@ -304,3 +304,23 @@ def test_status_export_and_report_read_the_records_alone(finished, tmp_path, cap
         code, err = run_cli(capsys, verb, "off", "--storage", str(storage))
         assert code == 0 and err == "", (verb, err)
     assert (experiment.root / "recipe.yaml").is_file()
+
+
+def test_a_second_local_ray_is_refused_before_anything_is_written(tmp_path):
+    """Two local Rays on one machine hang Ray Train (its placement-group cleaner cannot tell
+    them apart: a finished trial's workers are never freed); a sweep says so instead."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        storage = tmp_path / "runs"
+        done = subprocess.run(
+            sweep_command(tmp_path, storage), capture_output=True, text=True, timeout=120
+        )
+    finally:
+        ray.shutdown()
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "another Ray is running on this machine" in lines[0], lines
+    assert "--address" in lines[0] and "ray stop" in lines[0]
+    assert not storage.exists()
