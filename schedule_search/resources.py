@@ -54,12 +54,6 @@ def check_resources(settings: SweepSettings) -> None:
     when a local run would start a second Ray on this machine: Ray Train's placement-group
     cleaner then cannot tell the two apart, a finished trial's workers are never freed and
     the next trial waits forever (seen with a sweep beside a transfer)."""
-    if settings.address is None and (others := running_local_rays()):
-        raise ConfigError(
-            f"another Ray is running on this machine ({others[0]}); two local Rays hang Ray "
-            f"Train: run on it with --address {others[0]}, or stop it "
-            f"(`{Path(sys.executable).parent / 'ray'} stop`)"
-        )
     needs, has = trial_needs(settings), available(settings.address)
     where = f"the cluster at {settings.address}" if settings.address else "this machine"
     for kind, flag, per_worker in (
@@ -71,3 +65,9 @@ def check_resources(settings: SweepSettings) -> None:
                 f"{flag}: a trial of {settings.workers} workers x {per_worker:g} {kind} needs "
                 f"{needs[kind]:g} {kind}s; {where} has {has[kind]:g}"
             )
+    if settings.address is None and (others := running_local_rays()):
+        raise ConfigError(
+            f"another Ray is running on this machine ({others[0]}); two local Rays hang Ray "
+            f"Train: run on it with --address {others[0]}, or stop it "
+            f"(`{Path(sys.executable).parent / 'ray'} stop`)"
+        )
