@@ -238,11 +238,7 @@ class Experiment:
     def problems(self) -> list[str]:
         """One line per trial whose records are damaged (`records`); those trials are shown as
         `corrupt` and never ranked."""
-        return [
-            problem
-            for trial_id in self.trial_ids()
-            if (problem := read_records(self.trial_dir(trial_id)).problem) is not None
-        ]
+        return [r.reason for r in self.rows(0.0) if r.state == "corrupt"]
 
     def best(self, horizon: float, max_slowdown: float | None = None) -> TrialRow | None:
         """The lowest loss among trials that reached the horizon. With `max_slowdown`, only
