@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 from pathlib import Path
@@ -28,7 +29,9 @@ def run_local(
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not dist.is_initialized():
         dist.init_process_group("gloo")
         try:
-            return train(config, LocalSession(run_dir, config.checkpoint.keep), source)
+            result = train(config, LocalSession(run_dir, config.checkpoint.keep), source)
+            _leave_together()
+            return result
         finally:
             dist.destroy_process_group()
     if workers == 1:
@@ -52,6 +55,7 @@ def _worker(
     source: str,
     results: dict,
 ) -> None:
+    faulthandler.enable()  # a native abort in a rank prints that rank's Python stack
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
@@ -59,5 +63,24 @@ def _worker(
         result = train(config, LocalSession(run_dir, config.checkpoint.keep), source)
         if rank == 0:
             results[0] = result
+        _leave_together()
     finally:
         dist.destroy_process_group()
+
+
+def _leave_together() -> None:
+    """Wait, through the rendezvous store, until every rank has finished its last collective.
+
+    Gloo can abort a peer whose last messages are still queued when a process destroys its
+    group right after a barrier (pytorch/gloo#155; seen once in CI as a SIGABRT in rank 1 at
+    the end of a run). The store is not a gloo pair, so this handshake has nothing in flight
+    to lose; rank 0 hosts the store, so it leaves last.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    store.set(f"finished/{rank}", "1")
+    store.wait([f"finished/{other}" for other in range(world_size)])
+    if rank == 0:
+        store.wait([f"left/{other}" for other in range(1, world_size)])
+    else:
+        store.set(f"left/{rank}", "1")
