@@ -5,6 +5,10 @@ the clock from t0 to t1, `ema <- tau * ema + (1 - tau) * w` with
 `tau = 0.5 ** ((t1 - t0) / (frac * t1))` (DESIGN section 2). Counting age on the clock, not in
 updates, keeps uneven windows right (as EDM2 counts age in samples). frac = 0 is the raw
 weights and costs nothing. One fused `torch._foreach_lerp_` per EMA per update.
+
+Averages are kept in float32 at least, whatever the weights' dtype: a bf16 average rounds away
+updates smaller than its 8-bit mantissa's step, which is exactly what a long-half-life EMA
+adds each window.
 """
 
 from __future__ import annotations
@@ -95,26 +99,51 @@ def loss_key(frac: float) -> str:
     return "val_loss_raw" if frac == 0 else f"val_loss_{ema_key(frac)}"
 
 
+def averaged_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """What an EMA of `model` averages: its trainable parameters and floating-point buffers.
+
+    Frozen parameters never move, so their average is themselves: they are left out. Float
+    buffers (BatchNorm's running statistics) are averaged like weights, as timm's ModelEmaV3
+    does, so EMA weights are evaluated with statistics of the same age; integer buffers
+    (`num_batches_tracked`) are counters, not estimates, and stay raw.
+    """
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return trainable + [b for b in model.buffers() if b.is_floating_point()]
+
+
+def _average_dtype(tensor: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
 class EmaBank:
-    """EMAs of `params` for each fraction; the raw weights stand in for frac = 0."""
+    """EMAs of `params` (any tensors: parameters, buffers) for each fraction; the raw
+    weights stand in for frac = 0. Build it with `EmaBank.of(model, fractions)` to average
+    what `averaged_tensors` says."""
 
     def __init__(self, params: Sequence[torch.Tensor], fractions: Sequence[float]) -> None:
         self.params = [p for p in params]
         self.fractions = [float(f) for f in fractions]
         self.averages: dict[float, list[torch.Tensor]] = {
-            f: [p.detach().clone() for p in self.params] for f in self.fractions if f > 0
+            f: [p.detach().to(_average_dtype(p), copy=True) for p in self.params]
+            for f in self.fractions
+            if f > 0
         }
         self.clock = 0.0
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, fractions: Sequence[float]) -> EmaBank:
+        return cls(averaged_tensors(model), fractions)
 
     @torch.no_grad()
     def update(self, t1: float) -> None:
         """Fold the current weights in after an update that brought the clock to t1."""
         t0, self.clock = self.clock, t1
-        weights = [p.detach() for p in self.params]
+        weights = [p.detach().to(_average_dtype(p)) for p in self.params]  # no copy in fp32
         for frac, average in self.averages.items():
             torch._foreach_lerp_(average, weights, 1.0 - ema_decay(t0, t1, frac))
 
     def weights(self, frac: float) -> list[torch.Tensor]:
+        """EMA `frac`'s averages (float32 at least), or the raw weights for frac = 0."""
         return [p.detach() for p in self.params] if frac == 0 else self.averages[frac]
 
     @contextlib.contextmanager

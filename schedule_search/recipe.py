@@ -7,6 +7,9 @@
     ema = recipe.ema(model)                            # EMA bank with the recipe's fraction(s)
     window = recipe.window(model)                      # accumulator with the recipe's policy
 
+Param groups with their own LR keep their ratio to the optimizer's default LR at every window
+(`WindowAccumulator.close`); frozen parameters are left out of the window and the EMAs.
+
 `recipe.clock(tokens)` turns tokens seen into t. The schedule is kept in Chinchilla multiples,
 so `load_recipe(path, n_params=...)` carries it over to another model size.
 """
@@ -89,21 +92,23 @@ class Recipe:
         return built
 
     def ema(self, model: torch.nn.Module) -> EmaBank:
-        return EmaBank(list(model.parameters()), self.spec.ema.fractions)
+        """The bank over the model's trainable parameters and float buffers (`EmaBank.of`)."""
+        return EmaBank.of(model, self.spec.ema.fractions)
 
     def window(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
     ) -> WindowAccumulator:
         """The accumulator for `model`. It steps `optimizer`, by default the one this recipe
-        built for the model's parameters (call `recipe.optimizer(...)` first)."""
-        params = list(model.parameters())
+        built for the model's trainable parameters (call `recipe.optimizer(...)` first; it may
+        hold the frozen ones too, or not)."""
+        params = [p for p in model.parameters() if p.requires_grad]
         if optimizer is None:
             owned = {id(p) for p in params}
-            matches = [
-                o
-                for o in self._optimizers
-                if {id(p) for g in o.param_groups for p in g["params"]} == owned
-            ]
+
+            def trains(built: torch.optim.Optimizer) -> set[int]:
+                return {id(p) for g in built.param_groups for p in g["params"] if p.requires_grad}
+
+            matches = [o for o in self._optimizers if trains(o) == owned]
             if not matches:
                 raise ValueError(
                     "no optimizer for this model: call recipe.optimizer(model.parameters()) "

@@ -238,7 +238,7 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
     schedule = config.schedule.build(horizon.steps_per_chinchilla)
     optimizer = config.optimizer.build(params)
     window = WindowAccumulator(params, optimizer, config.window)
-    ema = EmaBank(params, config.ema.fractions)
+    ema = EmaBank.of(model, config.ema.fractions)
     milestones = config.budget.milestones()
     progress = Progress()
 

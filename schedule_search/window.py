@@ -201,6 +201,8 @@ class WindowAccumulator:
         self._track_noise = config.policy == "grad_norm"
         self._agree_each_microbatch = config.policy != "microbatches"
         self._previous = [b.grads.clone() for b in self._buckets] if self._track_noise else []
+        for group in optimizer.param_groups:  # torch's LR schedulers keep the same key
+            group.setdefault("initial_lr", group["lr"])
         self.tokens_seen = 0
         self.windows = 0
         self._last_microbatch_s = 0.0
@@ -209,8 +211,12 @@ class WindowAccumulator:
     # -- inside a window -------------------------------------------------------------------
 
     def begin_microbatch(self, n_tokens: int) -> bool:
-        """Announce a micro-batch of `n_tokens` tokens on this rank (0: this rank sits this
-        micro-batch out). Returns whether it is the window's last, the same on every rank."""
+        """Announce a micro-batch of `n_tokens` tokens on this rank. Returns whether it is the
+        window's last, the same on every rank.
+
+        A rank with no data for this micro-batch (the end of its shard, an uneven split) sits
+        it out with `begin_microbatch(0)` and skips its backward; it still takes part in the
+        window's agreement and close, so the ranks' collectives stay matched."""
         now = self.clock()
         if self._tick_start is not None:
             self._last_microbatch_s = now - self._tick_start
@@ -284,6 +290,10 @@ class WindowAccumulator:
     def close(self, lr: float) -> WindowRecord:
         """All-reduce, divide by the global token count, clip, step at `lr`, zero.
 
+        `lr` is the LR of a param group built at the optimizer's default LR; a group built
+        with its own LR keeps its ratio to that default (a group at 0.1x the default steps at
+        0.1 * lr), the ratio read from each group's `initial_lr` when the window was built.
+
         A non-finite loss or gradient on any rank reaches every rank through the all-reduce;
         then no step is taken (`stepped=False` in the record) and the gradient is dropped.
         """
@@ -311,7 +321,7 @@ class WindowAccumulator:
                     for bucket in self._buckets:
                         bucket.grads.mul_(coefficient)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * self._lr_ratio(group)
             self.optimizer.step()
         for bucket in self._buckets:
             bucket.flat.zero_()
@@ -333,6 +343,10 @@ class WindowAccumulator:
         self.windows += 1
         self._start_window()
         return record
+
+    def _lr_ratio(self, group: dict) -> float:
+        default = float(self.optimizer.defaults.get("lr", 0.0))
+        return float(group["initial_lr"]) / default if default > 0 else 1.0
 
     def _start_window(self) -> None:
         self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.float64)
