@@ -3,13 +3,12 @@ weights, BatchNorm buffers, a rank that sits a micro-batch out."""
 
 import pytest
 import torch
-
 from helpers import run_ranks
+from test_readme import recipe_file
+
 from schedule_search.averaging import EmaBank, ema_decay
 from schedule_search.recipe import load_recipe
 from schedule_search.window import WindowAccumulator, WindowConfig
-from test_readme import recipe_file
-
 
 UNCLIPPED = WindowConfig(clip_norm=None)
 
@@ -85,6 +84,10 @@ def drive(model: torch.nn.Module, bank: EmaBank, steps: int, seed: int) -> list[
     return seen
 
 
+def max_gap(mine: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    return max(float((a.double() - r).abs().max()) for a, r in zip(mine, reference, strict=True))
+
+
 def test_the_ema_of_bf16_weights_is_kept_in_float32():
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 16).to(torch.bfloat16)
@@ -97,7 +100,7 @@ def test_the_ema_of_bf16_weights_is_kept_in_float32():
     for step, weights in enumerate(seen, start=1):
         tau = ema_decay(step - 1, step, 0.16)
         reference = [tau * r + (1 - tau) * w for r, w in zip(reference, weights, strict=True)]
-    gap = max(float((a.double() - r).abs().max()) for a, r in zip(bank.weights(0.16), reference))
+    gap = max_gap(bank.weights(0.16), reference)
     assert gap < 1e-5, gap
     # What a bf16 average would have drifted to on the same weights: far from the reference.
     lowp = [s.to(torch.bfloat16) for s in start]
@@ -106,7 +109,7 @@ def test_the_ema_of_bf16_weights_is_kept_in_float32():
         lowp = [
             torch.lerp(a, w.to(torch.bfloat16), 1 - tau) for a, w in zip(lowp, weights, strict=True)
         ]
-    drift = max(float((a.double() - r).abs().max()) for a, r in zip(lowp, reference))
+    drift = max_gap(lowp, reference)
     assert drift > 100 * gap, (drift, gap)
     with bank.swapped_in(0.16):  # evaluation sees the average, rounded to the weights' dtype
         assert model.weight.dtype == torch.bfloat16
