@@ -134,3 +134,60 @@ def test_user_task_refusing_its_options():
 
 def test_unigram_entropy():
     assert corpus.unigram_entropy(np.array([0, 1, 0, 1]), 256) == pytest.approx(np.log(2))
+
+
+def masked_split(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The split by its definition: a mask over the whole stream (what `_split` must equal)."""
+    held_out = np.zeros(len(stream), dtype=bool)
+    for block in range(corpus.HELD_OUT_EVERY - 1, -(-len(stream) // corpus.BLOCK), 10):
+        held_out[block * corpus.BLOCK : (block + 1) * corpus.BLOCK] = True
+    if not held_out.any():
+        held_out[len(stream) - max(len(stream) // corpus.HELD_OUT_EVERY, 1) :] = True
+    return stream[~held_out], stream[held_out]
+
+
+@pytest.mark.parametrize(
+    "size", [50, 9 * corpus.BLOCK + 7, 10 * corpus.BLOCK, 23 * corpus.BLOCK + 1]
+)
+def test_split_views_read_exactly_the_masked_split(size):
+    stream = np.random.default_rng(size).integers(0, 60_000, size, dtype=np.uint16)
+    for view, expected in zip(corpus._split(stream), masked_split(stream), strict=True):
+        assert len(view) == len(expected)
+        assert np.array_equal(np.asarray(view), expected)
+        rng = np.random.default_rng(0)
+        for start in rng.integers(0, len(expected), 200):  # spans across held-out gaps too
+            stop = min(int(start) + int(rng.integers(1, 3 * corpus.BLOCK)), len(expected))
+            assert np.array_equal(view[int(start) : stop], expected[start:stop])
+        assert view.max() == expected.max()
+        assert corpus.unigram_entropy(view, 60_000) == pytest.approx(
+            corpus.unigram_entropy(expected, 60_000), rel=1e-12
+        )
+
+
+def anonymous_memory_bytes() -> int:
+    """This process's private memory (RssAnon): what a copy of the data would add; the pages
+    of a memory-mapped file are the page cache's, not the process's."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_a_large_token_file_is_read_in_place(tmp_path):
+    """128 MiB of tokens: building the task, sampling micro-batches and evaluating add a few
+    MiB of private memory, not a copy of the file (a mask and a copy would add ~190 MiB)."""
+    path = tmp_path / "big.bin"
+    tokens = 64 * 1024 * 1024
+    with open(path, "wb") as handle:
+        block = np.arange(corpus.BLOCK, dtype=np.uint16) % 1000
+        for _ in range(tokens // corpus.BLOCK):
+            handle.write(block.tobytes())
+    del block
+    before = anonymous_memory_bytes()
+    task = build_task({"name": "tinylm", "data": str(path), "context": 32, "batch": 4}, seed=0)
+    for index in range(20):
+        task.microbatch(index, 0, 1)
+    grown = anonymous_memory_bytes() - before
+    assert len(task.corpus.train) + len(task.corpus.val) == tokens
+    assert grown < 16 * 1024 * 1024, f"private memory grew by {grown / 2**20:.0f} MiB"

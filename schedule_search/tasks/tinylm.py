@@ -139,14 +139,15 @@ class TinyLMTask:
     def chinchilla_params(self, model: torch.nn.Module) -> int:
         return model.non_embedding_params()
 
-    def _window_batch(self, stream: np.ndarray, generator: torch.Generator) -> torch.Tensor:
+    def _sample_rows(self, stream: corpus.Pieces, generator: torch.Generator) -> torch.Tensor:
+        """`batch` random spans of context + 1 tokens (inputs and their next tokens)."""
         span = self.config.context + 1
         starts = torch.randint(0, len(stream) - span, (self.config.batch,), generator=generator)
         rows = [np.asarray(stream[s : s + span], dtype=np.int64) for s in starts.tolist()]
         return torch.from_numpy(np.stack(rows))
 
     def microbatch(self, index: int, rank: int, world_size: int) -> Microbatch:
-        rows = self._window_batch(self.corpus.train, seeded_generator(self.seed, rank, index))
+        rows = self._sample_rows(self.corpus.train, seeded_generator(self.seed, rank, index))
         return Microbatch(rows, rows.shape[0] * self.config.context)
 
     def loss_sum(self, model: torch.nn.Module, batch: Microbatch) -> torch.Tensor:
@@ -161,7 +162,7 @@ class TinyLMTask:
         model.eval()
         total, count = 0.0, 0
         for i in range(self.config.eval_batches):
-            rows = self._window_batch(self.corpus.val, seeded_generator(self.seed, 0, i, 1))
+            rows = self._sample_rows(self.corpus.val, seeded_generator(self.seed, 0, i, 1))
             batch = Microbatch(rows, rows.shape[0] * self.config.context)
             total += float(self.loss_sum(model, batch))
             count += batch.tokens
