@@ -19,6 +19,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import ray
+import ray.train
+from optuna.trial import TrialState
+from ray import tune
+from ray.train.torch import TorchConfig, TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search.optuna import OptunaSearch
+
 from schedule_search.config import ConfigError, to_dict
 from schedule_search.experiment import Experiment, SweepSettings, train_run_name
 from schedule_search.failures import FailFast, error_line, raise_if_trials_cannot_run
@@ -30,29 +39,10 @@ from schedule_search.optuna_study import (
     write_optuna_mirror,
 )
 from schedule_search.progress import METRIC, LiveView
+from schedule_search.ray_session import worker_loop
 from schedule_search.space import SearchSpace, load_space, trial_config, uses_asha
 from schedule_search.tasks import task_code
 from schedule_search.train import TrainConfig
-
-# Quieter Ray, and a Tune snapshot every second so a killed driver forgets as little as possible.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
-os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-
-import ray
-import ray.train
-from optuna.trial import TrialState
-from ray import tune
-from ray.train.torch import TorchConfig, TorchTrainer
-from ray.tune.integration.ray_train import TuneReportCallback
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-from ray.tune.search.optuna import OptunaSearch
-
-from schedule_search.ray_session import worker_loop
 
 
 class SpaceTrials:
@@ -253,7 +243,29 @@ def _scheduler(space: SearchSpace, horizon: float, milestones: list[float]):
     )
 
 
+#: Set (unless the user set them) before Ray starts or is connected to. Tune reads the first
+#: two; Ray Train's controllers read the next two, and Tune passes them on to its trials, on a
+#: cluster too. A snapshot every second so a killed driver forgets as little as possible.
+DRIVER_ENVIRONMENT = {
+    "TUNE_GLOBAL_CHECKPOINT_S": "1",
+    "RAY_AIR_NEW_OUTPUT": "0",  # Tune's classic reporter; the live view is ours
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # reports are not delayed by 2 s polls
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_CHDIR_TO_TRIAL_DIR": "0",  # trials keep the driver's working directory
+}
+#: Only for the Ray a sweep starts itself: a private instance on 127.0.0.1 needs no token. A
+#: cluster's authentication is the cluster's: left as it is.
+LOCAL_ENVIRONMENT = {"RAY_AUTH_MODE": "disabled"}
+
+
+def ray_environment(address: str | None) -> dict[str, str]:
+    """The variables a sweep sets before Ray starts (`address` None) or is connected to."""
+    return DRIVER_ENVIRONMENT | ({} if address else LOCAL_ENVIRONMENT)
+
+
 def _init_ray(settings: SweepSettings, code: Path | None) -> None:
+    for name, value in ray_environment(settings.address).items():
+        os.environ.setdefault(name, value)
     if settings.address:
         # A cluster's workers have neither the driver's PYTHONPATH nor its working directory:
         # the user's task module travels with the job.

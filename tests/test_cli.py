@@ -1,5 +1,6 @@
 """The command line: every bad input is one line on stderr and exit code 2."""
 
+import os
 import subprocess
 import sys
 
@@ -74,3 +75,21 @@ def test_help_for_every_verb(capsys):
             main(argv)
         assert done.value.code == 0
     assert "--workers" in capsys.readouterr().out
+
+
+def test_importing_the_package_sets_no_ray_environment():
+    """Ray's settings are made where a sweep starts or joins Ray, never at import: a cluster
+    user's own settings (authentication above all) are left as they are."""
+    from schedule_search.search import ray_environment
+
+    names = sorted(ray_environment(None))
+    script = (
+        "import os, schedule_search.cli, schedule_search.search, schedule_search.transfer\n"
+        f"print([n for n in {names!r} if n in os.environ])"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in names}
+    shown = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=clean, check=True
+    )
+    assert shown.stdout.strip() == "[]"
+    assert "RAY_AUTH_MODE" in names and "RAY_AUTH_MODE" not in ray_environment("10.0.0.1:6379")
