@@ -5,9 +5,6 @@ without a word. A cluster that autoscales is checked against what it has now."""
 from __future__ import annotations
 
 import os
-import sys
-import time
-from pathlib import Path
 
 from schedule_search.config import ConfigError
 from schedule_search.experiment import SweepSettings
@@ -38,22 +35,9 @@ def available(address: str | None) -> dict[str, float]:
     return {"CPU": resources.get("CPU", 0.0), "GPU": resources.get("GPU", 0.0)}
 
 
-def running_local_rays(grace_s: float = 10.0) -> list[str]:
-    """GCS addresses of Ray instances already running on this machine (one that is shutting
-    down gets `grace_s` to go)."""
-    from ray._private.services import find_gcs_addresses  # what `ray.init()` itself asks
-
-    deadline = time.monotonic() + grace_s
-    while (found := sorted(find_gcs_addresses())) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return found
-
-
 def check_resources(settings: SweepSettings) -> None:
-    """A ConfigError (one line: what is asked, what exists) when one trial cannot fit, or
-    when a local run would start a second Ray on this machine: Ray Train's placement-group
-    cleaner then cannot tell the two apart, a finished trial's workers are never freed and
-    the next trial waits forever (seen with a sweep beside a transfer)."""
+    """A ConfigError (one line: what is asked, what exists) when one trial cannot fit: it
+    would wait for workers forever."""
     needs, has = trial_needs(settings), available(settings.address)
     where = f"the cluster at {settings.address}" if settings.address else "this machine"
     for kind, flag, per_worker in (
@@ -65,9 +49,3 @@ def check_resources(settings: SweepSettings) -> None:
                 f"{flag}: a trial of {settings.workers} workers x {per_worker:g} {kind} needs "
                 f"{needs[kind]:g} {kind}s; {where} has {has[kind]:g}"
             )
-    if settings.address is None and (others := running_local_rays()):
-        raise ConfigError(
-            f"another Ray is running on this machine ({others[0]}); two local Rays hang Ray "
-            f"Train: run on it with --address {others[0]}, or stop it "
-            f"(`{Path(sys.executable).parent / 'ray'} stop`)"
-        )

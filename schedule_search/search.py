@@ -32,6 +32,7 @@ from schedule_search.config import ConfigError, to_dict
 from schedule_search.experiment import Experiment, SweepSettings, train_run_name
 from schedule_search.failures import FailFast, error_line, raise_if_trials_cannot_run
 from schedule_search.interrupts import Interrupted, graceful_stop, quiet
+from schedule_search.launch import free_port
 from schedule_search.optuna_study import (
     make_sampler,
     optuna_distributions,
@@ -279,9 +280,25 @@ def _init_ray(settings: SweepSettings, code: Path | None) -> None:
         ray.init(
             num_cpus=os.cpu_count(),
             resources={"trial_slot": settings.concurrency},
+            dashboard_port=_pin_state_api(),
             logging_level="WARNING",
             log_to_driver=False,
         )
+
+
+def _pin_state_api() -> int:
+    """A port for the local Ray's dashboard, named to every process of that Ray.
+
+    Ray Train's placement-group cleaner asks the State API (the dashboard) whether a trial's
+    controller is dead, and finds it by auto-detecting "the" local Ray: with a second Ray on
+    the machine that lookup raises, the cleaner's thread dies, and a trial stopped early never
+    frees its workers (the sweep then waits forever). Naming the API server in the
+    environment the local Ray's processes inherit (`RAY_API_SERVER_ADDRESS`, which the
+    lookup reads first) keeps each Ray's cleaner on its own Ray.
+    """
+    port = free_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    return port
 
 
 def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False) -> None:
@@ -348,11 +365,16 @@ def _trial_driver_resources() -> dict[str, float]:
 def ray_session(settings: SweepSettings, task: dict[str, Any]) -> Iterator[None]:
     """A local Ray (or a connection to the cluster at `settings.address`, which is sent the
     code of the user's `task`), always shut down."""
+    pinned = os.environ.get("RAY_API_SERVER_ADDRESS")
     _init_ray(settings, task_code(task))
     try:
         yield
     finally:
         ray.shutdown()
+        if pinned is None:
+            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+        else:
+            os.environ["RAY_API_SERVER_ADDRESS"] = pinned
 
 
 def run_tune(

@@ -247,7 +247,8 @@ def test_small_transfer_on_linreg(tmp_path):
     # On another number of workers the window keeps the recipe's tokens per step.
     assert transfer_base(sweep, 2)[0].window.microbatches == 1
 
-    # SIGKILL of the transfer's driver (and its Ray) once some runs have finished; run it again.
+    # SIGKILL of the transfer's driver (and its Ray) once a run has finished and another has
+    # started but not yet evaluated (its config written, no metrics); run it again.
     # Linear-to-zero grids and schedule-free AdamW go through the same rounds (their plans and
     # the table are tested above, their runs in test_train); left out here to keep this short.
     transfer = [*cli, "transfer", "lt", "--to", "2", "--concurrency", "2", "--storage", storage]
@@ -257,10 +258,13 @@ def test_small_transfer_on_linreg(tmp_path):
         transfer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.monotonic() + 300
-    while (
-        not first.root.exists()
-        or sum(1 for t in first.trial_ids() if first.read_trial_json(t, "result.json")) < 2
-    ):
+
+    def states() -> dict[str, str]:
+        if not first.root.exists():
+            return {}
+        return {row.trial_id: row.state for row in first.rows(2.0)}
+
+    while not ("completed" in states().values() and "pending" in (at_kill := states()).values()):
         assert driver.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     os.killpg(driver.pid, signal.SIGKILL)
@@ -270,10 +274,16 @@ def test_small_transfer_on_linreg(tmp_path):
         for t in first.trial_ids()
         if first.read_trial_json(t, "result.json")
     }
+    never_evaluated = [t for t, state in at_kill.items() if state == "pending"]
+    assert never_evaluated and not any(
+        first.read_trial_json(t, "metrics.json") for t in never_evaluated
+    )
     done = subprocess.run(transfer, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     for trial_id, result in finished.items():  # finished runs are kept, not redone
         assert first.read_trial_json(trial_id, "result.json") == result
+    for trial_id in never_evaluated:  # killed before its first evaluation: run to its end
+        assert first.read_trial_json(trial_id, "result.json")["state"] == "completed"
 
     root = sweep.root / "transfer"
     # Asking the finished transfer for other horizons is refused: it would change its runs.
