@@ -13,6 +13,7 @@ from pathlib import Path
 
 from schedule_search import commands
 from schedule_search.config import PLAIN_NAME, ConfigError, InputWarning, is_plain_name
+from schedule_search.interrupts import Interrupted, terminate_as_interrupt
 
 EXIT_BAD_INPUT = 2
 
@@ -212,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     try:
         args = build_parser().parse_args(argv)
-        return args.handler(args)
+        with terminate_as_interrupt():
+            return args.handler(args)
     except ConfigError as err:
         # One line, whatever the input held (a newline in a flag or a YAML key included).
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
@@ -221,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before Tune ran, or a second Ctrl-C: stopped where it was
         print("interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except Interrupted as stop:  # SIGTERM where nothing runs that could be checkpointed
+        print(f"stopped by {stop}", file=sys.stderr)
+        return stop.exit_code
 
 
 if __name__ == "__main__":

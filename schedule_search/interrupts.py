@@ -5,7 +5,8 @@ Tune handles SIGINT itself and then returns from `fit()` as if the run had ended
 SIGTERM kills the driver with a native stack dump. While Tune runs, both signals are recorded
 here and forwarded to Tune's graceful stop (its SIGUSR1 handler); after `fit()` the caller
 raises `Interrupted`, which the CLI turns into one line and exit code 128 + the signal.
-A second signal stops at once.
+A second signal stops at once. Outside Tune, the CLI turns SIGTERM into `Interrupted` too
+(`terminate_as_interrupt`), so a scheduler's SIGTERM at any moment is one line and exit 143.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def graceful_stop() -> Iterator[StopSignal]:
         if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's, installed once fit() started
             os.kill(os.getpid(), signal.SIGUSR1)  # Tune's own graceful-stop signal
         else:
-            raise KeyboardInterrupt  # before Tune runs there is nothing to save
+            raise Interrupted(number)  # before Tune runs there is nothing to save
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # no stale Tune's
@@ -63,6 +64,20 @@ def graceful_stop() -> Iterator[StopSignal]:
             os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
         else:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = tune_handler
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within: SIGTERM raises `Interrupted`, as Ctrl-C raises KeyboardInterrupt."""
+
+    def on_terminate(number: int, frame: Any) -> None:
+        raise Interrupted(number)
+
+    previous = signal.signal(signal.SIGTERM, on_terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

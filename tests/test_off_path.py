@@ -127,47 +127,6 @@ def test_damaged_tune_state_is_one_line_and_no_hang(finished, tmp_path, state):
     assert after == before  # nothing changed
 
 
-@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_stops_the_sweep_and_resume_completes_it(tmp_path, number):
-    storage = tmp_path / "runs"
-    base = json.loads(json.dumps(SPACE["base"]))
-    base["task"]["dim"] = 2048  # trials long enough that the signal lands mid-trial
-    command = sweep_command(tmp_path, storage, samples=1, base=base)
-    driver = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    experiment = Experiment(storage / "off")
-    deadline = time.monotonic() + 300
-    while not any(experiment.read_trial_json(t, "metrics.json") for t in experiment.trial_ids()):
-        assert driver.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    # Ctrl-C reaches the terminal's whole process group; a scheduler's SIGTERM the driver.
-    if number == signal.SIGINT:
-        os.killpg(driver.pid, number)
-    else:
-        driver.send_signal(number)
-    _, err = driver.communicate(timeout=240)
-    assert driver.returncode == 128 + number, err[-3000:]
-    assert "Traceback" not in err and "Tuner.restore" not in err, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert f"resume off --storage {storage}" in last and signal.Signals(number).name in last
-    assert not any(
-        (experiment.read_trial_json(t, "result.json") or {}).get("state") == "completed"
-        for t in experiment.trial_ids()
-    ), "the signal landed after the sweep ended; lengthen the trials"
-
-    done = subprocess.run(
-        [*CLI, "resume", "off", "--storage", str(storage)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = experiment.rows(2.0)
-    assert len(rows) == 1 and rows[0].state == "completed", rows
-
-
 def test_records_are_readable_as_the_umask_allows(tmp_path):
     """Atomic writes go through private temporary files; what lands has an ordinary mode."""
     from schedule_search.checkpoint import atomic_write_text, save_state
@@ -181,38 +140,71 @@ def test_records_are_readable_as_the_umask_allows(tmp_path):
     assert mode("checkpoint") == mode("plain-folder")
 
 
-def test_a_killed_sweep_moved_and_renamed_resumes_where_its_folder_is_now(tmp_path):
+def evaluations(experiment: Experiment) -> dict[str, int]:
+    """trial id -> how many evaluations it has recorded before its horizon (2x)."""
+    if not experiment.root.exists():
+        return {}
+    counts = {}
+    for trial in experiment.trial_ids():
+        history = experiment.read_trial_json(trial, "metrics.json") or []
+        counts[trial] = len([h for h in history if h["chinchilla"] < 2.0])
+    return counts
+
+
+def signal_mid_trial(
+    command: list[str], experiment: Experiment, number: int, before: dict[str, int]
+) -> tuple[str, dict[str, int]]:
+    """Run `command`; once a trial has evaluated (before its horizon) more than `before` says
+    it had, send `number`, and check the driver stops cleanly. Returns the driver's last line
+    of stderr and the evaluations at the signal."""
+    driver = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    now = evaluations(experiment)
+    while not any(n > before.get(t, 0) for t, n in now.items()):
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+        now = evaluations(experiment)
+    # Ctrl-C reaches the terminal's whole process group; a scheduler's SIGTERM the driver.
+    if number == signal.SIGINT:
+        os.killpg(driver.pid, number)
+    else:
+        driver.send_signal(number)
+    _, err = driver.communicate(timeout=240)
+    assert driver.returncode == 128 + number, err[-3000:]
+    assert "Traceback" not in err and "Tuner.restore" not in err, err[-3000:]
+    ended = [experiment.read_trial_json(t, "result.json") for t in experiment.trial_ids()]
+    assert not all(ended), "the signal landed after the sweep ended; lengthen the trials"
+    return err.strip().splitlines()[-1], now
+
+
+def test_signals_stop_a_sweep_that_resumes_moved_and_renamed(tmp_path):
+    """Ctrl-C stops a sweep mid-trial; its folder is moved to another storage and renamed at
+    once; resumed there, SIGTERM stops it mid-trial again; resumed again, it completes where
+    its folder is now, nothing is written at the old place, and export picks the best."""
     storage = tmp_path / "runs"
     base = json.loads(json.dumps(SPACE["base"]))
     base["task"]["dim"] = 512
-    driver = subprocess.Popen(
-        sweep_command(tmp_path, storage, base=base),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     first = Experiment(storage / "off")
-    deadline = time.monotonic() + 300
-    while not (
-        any(first.read_trial_json(t, "result.json") for t in first.trial_ids())
-        and len(first.trial_ids()) >= 2
-    ):
-        assert driver.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait()
-    # Moved to another storage and renamed at once: both the path and the name change.
+    command = sweep_command(tmp_path, storage, samples=2, base=base)
+    last, _ = signal_mid_trial(command, first, signal.SIGINT, {})
+    assert f"resume off --storage {storage}" in last and "SIGINT" in last, last
+
     new_storage, name = tmp_path / "elsewhere", "off2"
     new_storage.mkdir()
     shutil.move(storage / "off", new_storage / name)
-    done = subprocess.run(
-        [*CLI, "resume", name, "--storage", str(new_storage)], capture_output=True, text=True
-    )
+    experiment = Experiment(new_storage / name)
+    resume = [*CLI, "resume", name, "--storage", str(new_storage)]
+    # What the trials recorded while they stopped counts as before the resume.
+    last, _ = signal_mid_trial(resume, experiment, signal.SIGTERM, evaluations(experiment))
+    assert f"resume {name} --storage {new_storage}" in last and "SIGTERM" in last, last
+
+    done = subprocess.run(resume, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not first.root.exists(), "nothing may be written at the old place"
-    experiment = Experiment(new_storage / name)
     rows = experiment.rows(2.0)
-    assert len(rows) == 3 and all(r.state == "completed" for r in rows), rows
+    assert len(rows) == 2 and all(r.state == "completed" for r in rows), rows
     finals = {
         t: experiment.read_trial_json(t, "metrics.json")[-1]["val_loss"]
         for t in experiment.trial_ids()
