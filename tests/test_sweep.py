@@ -271,22 +271,12 @@ def searcher_history(experiment: Experiment) -> int:
     return len(state["_ot_study"].trials)
 
 
-def start_and_kill(space: Path, storage: Path, moment: str, env: dict | None = None) -> str:
-    """Start a sweep, SIGKILL its driver (and its process group: Ray) at `moment`; return the
-    id of the trial interrupted (or finished, or "" before any)."""
+def kill_at(command: list[str], storage: Path, moment: str, env: dict | None = None) -> str:
+    """Run the CLI `command` (a sweep or a resume), SIGKILL it (and its process group: Ray) at
+    `moment`; return the id of the trial interrupted (or finished, or "" before any)."""
     experiment = Experiment(storage / "lin")
     driver = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "schedule_search.cli",
-            "sweep",
-            str(space),
-            "--storage",
-            str(storage),
-            "--workers",
-            "2",
-        ],
+        [sys.executable, "-m", "schedule_search.cli", *command],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -316,26 +306,39 @@ def start_and_kill(space: Path, storage: Path, moment: str, env: dict | None = N
     return interrupted
 
 
-@pytest.mark.parametrize("moment", ["after_a_trial_finished", "in_the_middle_of_a_trial"])
-def test_sigkill_of_the_driver_then_resume(tmp_path, moment):
-    samples = 2
+def start_and_kill(space: Path, storage: Path, moment: str) -> str:
+    return kill_at(
+        ["sweep", str(space), "--storage", str(storage), "--workers", "2"], storage, moment
+    )
+
+
+def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path):
+    """Killed after a trial finished (none running), resumed, killed again in the middle of a
+    trial with Tune's snapshots made rare, resumed to the end: every trial kept, none run
+    twice, the interrupted trial resumed from its checkpoint. The search is the loss/time
+    multi-objective one, which keeps its Pareto bookkeeping through both kills."""
+    samples = 3
     space = write_space(
         tmp_path,
         samples=samples,
         base={**SPACE["base"], "task": {"name": "linreg", "dim": 256, "batch": 16}},
-        # One of the two also runs the loss/time multi-objective search through a kill.
-        objectives=["val_loss", "wall_s"] if moment == "after_a_trial_finished" else ["val_loss"],
+        objectives=["val_loss", "wall_s"],
     )
     storage = tmp_path / "runs"
     experiment = Experiment(storage / "lin")
+    start_and_kill(space, storage, "after_a_trial_finished")
+    kept = {t: r for t, r in trial_records(experiment).items() if r["result"]}
+    assert kept
     # Mid-trial, Tune's periodic snapshot is made rare (every 1000 s; Tune still forces some),
     # which widens the hole between what happened and what Tune saved.
-    stale = {"TUNE_GLOBAL_CHECKPOINT_S": "1000"} if moment == "in_the_middle_of_a_trial" else {}
-    interrupted = start_and_kill(space, storage, moment, stale)
+    resume = ["resume", "lin", "--storage", str(storage)]
+    stale = {"TUNE_GLOBAL_CHECKPOINT_S": "1000"}
+    interrupted = kill_at(resume, storage, "in_the_middle_of_a_trial", stale)
     before = trial_records(experiment)
+    kept |= {t: r for t, r in before.items() if r["result"]}
     tokens_at_kill = (before[interrupted]["metrics"] or [{}])[-1].get("tokens", 0)
 
-    resumed = cli("resume", "lin", "--storage", str(storage))
+    resumed = cli(*resume)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = trial_records(experiment)
     ended = {t: r for t, r in after.items() if r["result"]}
@@ -344,13 +347,11 @@ def test_sigkill_of_the_driver_then_resume(tmp_path, moment):
     }
     configs = [json.dumps(r["params"], sort_keys=True) for r in after.values()]
     assert len(set(configs)) == samples, "no config may run twice"
-    for trial_id, record in before.items():  # finished work is kept as it was
-        if record["result"]:
-            assert after[trial_id]["result"]["state"] == record["result"]["state"]
-    if moment == "in_the_middle_of_a_trial":
-        # The same trial, or (had Tune forgotten it) the trial its config came back as.
-        adopter = next(t for t, r in after.items() if r["params"] == before[interrupted]["params"])
-        events = (experiment.trial_dir(adopter) / "events.jsonl").read_text().splitlines()
-        resumes = [json.loads(e) for e in events if json.loads(e)["event"] == "resumed"]
-        assert resumes and resumes[0]["tokens"] >= tokens_at_kill > 0, (resumes, tokens_at_kill)
+    for trial_id, record in kept.items():  # finished work is kept as it was
+        assert after[trial_id]["result"]["state"] == record["result"]["state"]
+    # The same trial, or (had Tune forgotten it) the trial its config came back as.
+    adopter = next(t for t, r in after.items() if r["params"] == before[interrupted]["params"])
+    events = (experiment.trial_dir(adopter) / "events.jsonl").read_text().splitlines()
+    resumes = [json.loads(e) for e in events if json.loads(e)["event"] == "resumed"]
+    assert resumes and resumes[0]["tokens"] >= tokens_at_kill > 0, (resumes, tokens_at_kill)
     assert searcher_history(experiment) == samples
