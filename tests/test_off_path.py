@@ -43,21 +43,6 @@ def sweep_command(tmp: Path, storage: Path, **changes) -> list[str]:
     return [*CLI, "sweep", str(space), "--workers", "1", "--storage", str(storage)]
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A finished sweep, copied by each test that damages it."""
-    tmp = tmp_path_factory.mktemp("finished")
-    done = subprocess.run(sweep_command(tmp, tmp / "runs"), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return tmp / "runs"
-
-
-def copy_of(finished: Path, tmp_path: Path) -> tuple[Path, Experiment]:
-    storage = tmp_path / "runs"
-    shutil.copytree(finished, storage)
-    return storage, Experiment(storage / "off")
-
-
 def run_cli(capsys, *argv: str) -> tuple[int, str]:
     code = main(list(argv))
     return code, capsys.readouterr().err
@@ -78,35 +63,36 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_record_of_the_best_trial_is_named_and_never_ranked(
-    finished, tmp_path, capsys, damage
+    finished_sweep, tmp_path, capsys, damage
 ):
-    storage, experiment = copy_of(finished, tmp_path)
-    best = experiment.best(2.0)
+    storage, experiment = finished_sweep.copy_to(tmp_path)
+    name, horizon = finished_sweep.name, finished_sweep.horizon
+    best = experiment.best(horizon)
     assert best is not None
-    name, change = DAMAGE[damage]
-    path = experiment.trial_dir(best.trial_id) / name
+    record, change = DAMAGE[damage]
+    path = experiment.trial_dir(best.trial_id) / record
     path.write_text(change(path.read_text()))
 
-    code, err = run_cli(capsys, "status", "off", "--storage", str(storage))
+    code, err = run_cli(capsys, "status", name, "--storage", str(storage))
     assert code == 0
     assert err.count("\n") == 1 and str(path) in err and "left out" in err, err
-    row = next(r for r in experiment.rows(2.0) if r.trial_id == best.trial_id)
+    row = next(r for r in experiment.rows(horizon) if r.trial_id == best.trial_id)
     assert row.state == "corrupt" and str(path) in row.reason
-    assert experiment.best(2.0) is None or experiment.best(2.0).trial_id != best.trial_id
+    assert experiment.best(horizon) is None or experiment.best(horizon).trial_id != best.trial_id
 
     # export refuses rather than silently pick another trial; nothing is written
-    code, err = run_cli(capsys, "export", "off", "--storage", str(storage))
+    code, err = run_cli(capsys, "export", name, "--storage", str(storage))
     assert code == 2 and err.count("\n") == 1 and str(path) in err, err
     assert not (experiment.root / "recipe.yaml").exists()
 
-    code, err = run_cli(capsys, "report", "off", "--storage", str(storage))
+    code, err = run_cli(capsys, "report", name, "--storage", str(storage))
     assert code == 0 and err.count("\n") == 1 and str(path) in err, err
     assert (experiment.root / "report" / "report.md").is_file()
 
 
 @pytest.mark.parametrize("state", ["searcher-state", "experiment_state"])
-def test_damaged_tune_state_is_one_line_and_no_hang(finished, tmp_path, state):
-    storage, experiment = copy_of(finished, tmp_path)
+def test_damaged_tune_state_is_one_line_and_no_hang(finished_sweep, tmp_path, state):
+    storage, experiment = finished_sweep.copy_to(tmp_path)
     if state == "searcher-state":
         target = next(experiment.tune_dir.glob("searcher-state-*.pkl"))
         target.write_bytes(os.urandom(4096))
@@ -115,7 +101,7 @@ def test_damaged_tune_state_is_one_line_and_no_hang(finished, tmp_path, state):
         target.write_text(target.read_text()[:500])
     before = {t: experiment.read_trial_json(t, "result.json") for t in experiment.trial_ids()}
     done = subprocess.run(
-        [*CLI, "resume", "off", "--storage", str(storage)],
+        [*CLI, "resume", finished_sweep.name, "--storage", str(storage)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -286,14 +272,14 @@ def test_a_user_task_reaches_a_node_that_lacks_it(tmp_path, shipped):
         {"name": "tinylm", "data": "/nonexistent/corpus/that/moved"},
     ],
 )
-def test_status_export_and_report_read_the_records_alone(finished, tmp_path, capsys, task):
+def test_status_export_and_report_read_the_records_alone(finished_sweep, tmp_path, capsys, task):
     """The task's module or data gone from this machine: reading the sweep still works."""
-    storage, experiment = copy_of(finished, tmp_path)
+    storage, experiment = finished_sweep.copy_to(tmp_path)
     space = yaml.safe_load((experiment.root / "space.yaml").read_text())
     space["base"]["task"] = task
     (experiment.root / "space.yaml").write_text(yaml.safe_dump(space))
     for verb in ("status", "export", "report"):
-        code, err = run_cli(capsys, verb, "off", "--storage", str(storage))
+        code, err = run_cli(capsys, verb, finished_sweep.name, "--storage", str(storage))
         assert code == 0 and err == "", (verb, err)
     assert (experiment.root / "recipe.yaml").is_file()
 

@@ -1,74 +1,28 @@
 """The sweep end to end on a real local Ray: Tune + Optuna + ASHA over 2-worker Ray Train
 trials, export and the recipe, and a real SIGKILL of the sweep's driver followed by resume."""
 
-import contextlib
 import json
-import os
 import pickle
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
+from sweeps import FRACTIONS, SPACE, cli, kill_at, start_and_kill, trial_records, write_space
 
 from schedule_search.experiment import Experiment
 from schedule_search.recipe import load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-SPACE = {
-    "name": "lin",
-    "samples": 6,
-    "seed": 0,
-    "startup_trials": 2,  # TPE itself (not its random start-up) proposes the later trials
-    "base": {
-        "task": {"name": "linreg", "dim": 64, "batch": 16},
-        "optimizer": {"name": "sgd", "lr": 0.05},
-        "schedule": {"kind": "poly", "warmup": 0.0},
-        "ema": {"fractions": [0.0, 0.01, 0.04, 0.16], "objective": "best"},
-        "window": {"policy": "microbatches", "microbatches": 2},
-        "budget": {"horizon": 4.0, "eval_at": [1.0, 2.0]},
-    },
-    "params": {
-        "optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 0.3},
-        "schedule.gamma": {"type": "uniform", "low": 0.0, "high": 1.0},
-        "schedule.alpha": {"type": "loguniform", "low": 0.4, "high": 40.0},
-    },
-}
-FRACTIONS = SPACE["base"]["ema"]["fractions"]
 
-
-def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "schedule_search.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        **kwargs,
-    )
-
-
-def write_space(tmp_path: Path, **changes) -> Path:
-    space = json.loads(json.dumps(SPACE))
-    space.update(changes)
-    path = tmp_path / "space.yaml"
-    path.write_text(yaml.safe_dump(space))
-    return path
-
-
-def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(tmp_path):
-    space = write_space(tmp_path)
-    storage = tmp_path / "runs"
-    start_and_kill(space, storage, "before_the_first_trial_starts")
-    done = cli("resume", "lin", "--storage", str(storage))
+def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(
+    finished_sweep, tmp_path
+):
+    done = finished_sweep.resumed
     assert done.returncode == 0, done.stderr[-3000:]
-    experiment = Experiment(storage / "lin")
+    storage, experiment = finished_sweep.copy_to(tmp_path)
     # The live view: a status line after every event, ending with every trial ended.
     status = [line for line in done.stdout.splitlines() if line.startswith("[")]
     assert status and all("| best " in line and "ETA" in line for line in status[1:]), status
@@ -251,17 +205,6 @@ def read_event_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
-def trial_records(experiment: Experiment) -> dict[str, dict]:
-    return {
-        t: {
-            "params": experiment.read_trial_json(t, "config.json")["params"],
-            "result": experiment.read_trial_json(t, "result.json"),
-            "metrics": experiment.read_trial_json(t, "metrics.json"),
-        }
-        for t in experiment.trial_ids()
-    }
-
-
 def searcher_history(experiment: Experiment) -> int:
     """How many trials the restored Optuna study holds (from Tune's saved searcher state)."""
     states = sorted(experiment.tune_dir.glob("searcher-state-*.pkl"))
@@ -269,47 +212,6 @@ def searcher_history(experiment: Experiment) -> int:
     with open(states[-1], "rb") as handle:
         state = pickle.load(handle)
     return len(state["_ot_study"].trials)
-
-
-def kill_at(command: list[str], storage: Path, moment: str, env: dict | None = None) -> str:
-    """Run the CLI `command` (a sweep or a resume), SIGKILL it (and its process group: Ray) at
-    `moment`; return the id of the trial interrupted (or finished, or "" before any)."""
-    experiment = Experiment(storage / "lin")
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "schedule_search.cli", *command],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, **(env or {})},
-    )
-    interrupted = None
-    deadline = time.monotonic() + 400
-    while interrupted is None:
-        assert driver.poll() is None, "the sweep ended before it could be killed"
-        assert time.monotonic() < deadline, "no moment to kill at"
-        records = trial_records(experiment) if experiment.root.exists() else {}
-        finished = [t for t, r in records.items() if r["result"]]
-        running = [t for t, r in records.items() if r["metrics"] and not r["result"]]
-        if moment == "after_a_trial_finished" and finished and not running:
-            interrupted = finished[0]
-        if moment == "in_the_middle_of_a_trial" and running:
-            interrupted = running[0]
-        started = (experiment.root / "sweep.json").exists()
-        if moment == "before_the_first_trial_starts" and started and not records:
-            interrupted = ""
-        time.sleep(0.01)
-    # No pause for Tune's snapshot: what finished or started since its last one must survive too.
-    os.kill(driver.pid, signal.SIGKILL)
-    driver.wait()
-    with contextlib.suppress(ProcessLookupError):  # none yet before Ray has started
-        os.killpg(driver.pid, signal.SIGKILL)  # what a dead machine takes with it: Ray's own
-    return interrupted
-
-
-def start_and_kill(space: Path, storage: Path, moment: str) -> str:
-    return kill_at(
-        ["sweep", str(space), "--storage", str(storage), "--workers", "2"], storage, moment
-    )
 
 
 def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path):

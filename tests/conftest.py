@@ -1,0 +1,10 @@
+"""Fixtures shared across test modules."""
+
+import pytest
+from sweeps import FinishedSweep, finish_a_killed_sweep
+
+
+@pytest.fixture(scope="session")
+def finished_sweep(tmp_path_factory) -> FinishedSweep:
+    """One real sweep for every test that reads or damages a finished one (each copies it)."""
+    return finish_a_killed_sweep(tmp_path_factory.mktemp("finished"))

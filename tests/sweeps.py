@@ -1,0 +1,131 @@
+"""Real sweeps for the integration tests: the linreg space, the CLI, kills at chosen moments."""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from schedule_search.experiment import Experiment
+
+SPACE = {
+    "name": "lin",
+    "samples": 6,
+    "seed": 0,
+    "startup_trials": 2,  # TPE itself (not its random start-up) proposes the later trials
+    "base": {
+        "task": {"name": "linreg", "dim": 64, "batch": 16},
+        "optimizer": {"name": "sgd", "lr": 0.05},
+        "schedule": {"kind": "poly", "warmup": 0.0},
+        "ema": {"fractions": [0.0, 0.01, 0.04, 0.16], "objective": "best"},
+        "window": {"policy": "microbatches", "microbatches": 2},
+        "budget": {"horizon": 4.0, "eval_at": [1.0, 2.0]},
+    },
+    "params": {
+        "optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 0.3},
+        "schedule.gamma": {"type": "uniform", "low": 0.0, "high": 1.0},
+        "schedule.alpha": {"type": "loguniform", "low": 0.4, "high": 40.0},
+    },
+}
+FRACTIONS = SPACE["base"]["ema"]["fractions"]
+
+
+def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "schedule_search.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        **kwargs,
+    )
+
+
+def write_space(tmp_path: Path, **changes) -> Path:
+    space = json.loads(json.dumps(SPACE))
+    space.update(changes)
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def trial_records(experiment: Experiment) -> dict[str, dict]:
+    return {
+        t: {
+            "params": experiment.read_trial_json(t, "config.json")["params"],
+            "result": experiment.read_trial_json(t, "result.json"),
+            "metrics": experiment.read_trial_json(t, "metrics.json"),
+        }
+        for t in experiment.trial_ids()
+    }
+
+
+def kill_at(command: list[str], storage: Path, moment: str, env: dict | None = None) -> str:
+    """Run the CLI `command` (a sweep or a resume), SIGKILL it (and its process group: Ray) at
+    `moment`; return the id of the trial interrupted (or finished, or "" before any)."""
+    experiment = Experiment(storage / "lin")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "schedule_search.cli", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    interrupted = None
+    deadline = time.monotonic() + 400
+    while interrupted is None:
+        assert driver.poll() is None, "the sweep ended before it could be killed"
+        assert time.monotonic() < deadline, "no moment to kill at"
+        records = trial_records(experiment) if experiment.root.exists() else {}
+        finished = [t for t, r in records.items() if r["result"]]
+        running = [t for t, r in records.items() if r["metrics"] and not r["result"]]
+        if moment == "after_a_trial_finished" and finished and not running:
+            interrupted = finished[0]
+        if moment == "in_the_middle_of_a_trial" and running:
+            interrupted = running[0]
+        started = (experiment.root / "sweep.json").exists()
+        if moment == "before_the_first_trial_starts" and started and not records:
+            interrupted = ""
+        time.sleep(0.01)
+    # No pause for Tune's snapshot: what finished or started since its last one must survive too.
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    with contextlib.suppress(ProcessLookupError):  # none yet before Ray has started
+        os.killpg(driver.pid, signal.SIGKILL)  # what a dead machine takes with it: Ray's own
+    return interrupted
+
+
+def start_and_kill(space: Path, storage: Path, moment: str) -> str:
+    return kill_at(
+        ["sweep", str(space), "--storage", str(storage), "--workers", "2"], storage, moment
+    )
+
+
+@dataclass(frozen=True)
+class FinishedSweep:
+    """A sweep killed before its first trial and resumed to its end (`resumed`: that resume's
+    output). `storage` is left as it was: copy it (`copy_to`) before changing anything."""
+
+    storage: Path
+    resumed: subprocess.CompletedProcess
+
+    name = SPACE["name"]
+    horizon = SPACE["base"]["budget"]["horizon"]
+
+    def copy_to(self, tmp_path: Path) -> tuple[Path, Experiment]:
+        storage = tmp_path / "runs"
+        shutil.copytree(self.storage, storage)
+        return storage, Experiment(storage / self.name)
+
+
+def finish_a_killed_sweep(tmp_path: Path) -> FinishedSweep:
+    space = write_space(tmp_path)
+    storage = tmp_path / "runs"
+    start_and_kill(space, storage, "before_the_first_trial_starts")
+    return FinishedSweep(storage, cli("resume", SPACE["name"], "--storage", str(storage)))
