@@ -278,6 +278,7 @@ def _init_ray(settings: SweepSettings, code: Path | None) -> None:
         )
     else:
         ray.init(
+            address="local",  # a new Ray of its own, even beside a `ray start` cluster here
             num_cpus=os.cpu_count(),
             resources={"trial_slot": settings.concurrency},
             dashboard_port=_pin_state_api(),

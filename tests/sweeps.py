@@ -125,7 +125,18 @@ class FinishedSweep:
 
 
 def finish_a_killed_sweep(tmp_path: Path) -> FinishedSweep:
+    """Killed before its first trial, resumed to the end, all beside another local Ray (this
+    process's): with two Rays on a machine, Ray Train's placement-group cleaner used to lose
+    track of its own, so a trial ASHA stopped never freed its workers and the next trial
+    waited forever (`test_sweep` checks that a trial started after a stopped one)."""
+    import ray
+
     space = write_space(tmp_path)
     storage = tmp_path / "runs"
-    start_and_kill(space, storage, "before_the_first_trial_starts")
-    return FinishedSweep(storage, cli("resume", SPACE["name"], "--storage", str(storage)))
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        start_and_kill(space, storage, "before_the_first_trial_starts")
+        resumed = cli("resume", SPACE["name"], "--storage", str(storage))
+    finally:
+        ray.shutdown()
+    return FinishedSweep(storage, resumed)

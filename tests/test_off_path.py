@@ -282,28 +282,3 @@ def test_status_export_and_report_read_the_records_alone(finished_sweep, tmp_pat
         code, err = run_cli(capsys, verb, finished_sweep.name, "--storage", str(storage))
         assert code == 0 and err == "", (verb, err)
     assert (experiment.root / "recipe.yaml").is_file()
-
-
-def test_a_sweep_beside_another_local_ray_frees_the_workers_of_stopped_trials(tmp_path):
-    """Another Ray on the machine (a transfer, another sweep, a user's own): Ray Train's
-    placement-group cleaner used to lose track of which Ray is its own, so a trial ASHA stopped
-    never freed its workers and the next trial waited forever. Trials of two workers on two
-    CPUs: the third can only start once the stopped second has given its CPUs back."""
-    import ray
-
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
-    try:
-        storage = tmp_path / "runs"
-        base = SPACE["base"] | {"budget": {"horizon": 2.0, "eval_at": [1.0]}}
-        points = [{"optimizer.lr": lr} for lr in (0.05, 0.0101, 0.06)]  # good, slow, good
-        command = sweep_command(
-            tmp_path, storage, scheduler="asha", base=base, points_to_evaluate=points
-        )
-        command[command.index("--workers") + 1] = "2"
-        done = subprocess.run(command, capture_output=True, text=True, timeout=400)
-    finally:
-        ray.shutdown()
-    assert done.returncode == 0, done.stderr[-3000:]
-    experiment = Experiment(storage / "off")
-    by_lr = {row.params["optimizer.lr"]: row.state for row in experiment.rows(2.0)}
-    assert by_lr == {0.05: "completed", 0.0101: "stopped", 0.06: "completed"}, by_lr

@@ -34,6 +34,17 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(
     ]
     assert any(r.state == "completed" for r in rows)
     assert any(r.state == "stopped" for r in rows), "ASHA must stop a trial for this test"
+    # Trials of two workers on two CPUs, one at a time: one that started after a stopped one
+    # ended had that trial's CPUs back, although another local Ray ran beside the sweep.
+    started = {
+        r.trial_id: (experiment.trial_dir(r.trial_id) / "config.json").stat().st_mtime for r in rows
+    }
+    stopped = [
+        (experiment.trial_dir(r.trial_id) / "result.json").stat().st_mtime
+        for r in rows
+        if r.state == "stopped"
+    ]
+    assert any(t > min(stopped) for t in started.values()), "no trial started after a stopped one"
     assert (experiment.root / "trials.csv").is_file() and (experiment.root / "space.yaml").is_file()
     study = optuna.load_study(
         study_name="lin",
