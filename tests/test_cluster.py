@@ -85,3 +85,31 @@ def test_sweep_on_a_two_node_cluster_spreads_a_trials_workers(tmp_path, two_node
         assert [p["rank"] for p in placements] == [0, 1]
         assert {p["node_id"] for p in placements} == nodes, placements
         assert {(p["device"], p["backend"]) for p in placements} == {("cpu", "gloo")}
+
+
+def test_a_local_sweep_beside_a_started_cluster_runs_on_a_ray_of_its_own(
+    tmp_path, two_node_cluster
+):
+    """`ray start` on this machine leaves a cluster that a plain `ray.init()` would join (and
+    refuse our CPU count for); a local sweep starts its own Ray instead."""
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE | {"samples": 1}))
+    storage = tmp_path / "local"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "schedule_search.cli", "sweep", str(space)]
+    done = subprocess.run(
+        [*command, "--workers", "1", "--storage", str(storage)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    experiment = Experiment(storage / "multinode")
+    assert json.loads((experiment.root / "sweep.json").read_text())["address"] is None
+    (trial_id,) = experiment.trial_ids()
+    placement = json.loads((experiment.trial_dir(trial_id) / "workers" / "rank-0.json").read_text())
+    cluster_nodes = {
+        n.node_id for n in [two_node_cluster.head_node, *two_node_cluster.worker_nodes]
+    }
+    assert placement["node_id"] not in cluster_nodes
