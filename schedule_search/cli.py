@@ -43,6 +43,7 @@ def _number(convert: Callable[[str], float], accept: Callable[[float], bool], ex
 _positive_int = _number(int, lambda v: v > 0, "a positive integer")
 _positive_float = _number(float, lambda v: 0 < v < math.inf, "a positive number")
 _non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a number >= 0")
+_non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
 _at_least_one = _number(float, lambda v: 1 <= v < math.inf, "a number >= 1")
 
 
@@ -131,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_float,
         default=0.0,
         help="GPUs per worker (NCCL, bf16 autocast); 0 = CPU and gloo",
+    )
+    sweep.add_argument(
+        "--max-failures",
+        type=_non_negative_int,
+        default=2,
+        help="restarts of a failed trial's workers, and then of the trial, before it counts "
+        "as failed (0: a failure is final)",
     )
     _add_storage(sweep)
     sweep.set_defaults(handler=commands.sweep)

@@ -108,6 +108,7 @@ def _settings(args: argparse.Namespace, data: dict, name: str):
         seed=int(data.get("seed", 0)),
         gpus_per_worker=args.gpus_per_worker,
         address=args.address or os.environ.get("RAY_ADDRESS"),
+        max_failures=args.max_failures,
     )
 
 
