@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,37 +27,28 @@ STAGING = ".staging"
 
 
 class RaySession:
-    def __init__(self, log_dir: Path) -> None:
+    """`log_dir`: the trial's folder (records); `run_dir`: its Ray Train run's (checkpoints)."""
+
+    def __init__(self, log_dir: Path, run_dir: Path) -> None:
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
         self.world_size = context.get_world_size()
         self.log_dir = log_dir
+        self.run_dir = run_dir
         self._last_metrics: dict[str, Any] | None = None
 
     def device(self) -> torch.device:
         return ray.train.torch.get_device()
 
     def latest_state(self) -> dict[str, Any] | None:
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            return None
-        try:
-            with checkpoint.as_directory() as folder:
-                return ckpt.load_state(Path(folder))
-        except ValueError as err:
-            # Ray Train only offers its latest checkpoint; the older ones lie beside it.
-            warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=2)
-            older = [
-                f
-                for f in ckpt.checkpoint_folders(Path(checkpoint.path).parent)
-                if f.name < Path(checkpoint.path).name
-            ]
-            for folder in reversed(older):
-                try:
-                    return ckpt.load_state(folder)
-                except ValueError as older_err:
-                    warnings.warn(f"{older_err}; trying an older one", stacklevel=2)
-            raise
+        """The newest readable checkpoint in the run's folder (older ones if it is damaged).
+
+        Not only the one Ray Train offers (`ray.train.get_checkpoint()`): Ray registers a
+        checkpoint a moment after it lies complete in the run's folder, and a driver killed in
+        between would have the trial start over from an older one, or from scratch.
+        """
+        found = ckpt.load_latest(self.run_dir)
+        return None if found is None else found[1]
 
     def report(self, metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
         self._last_metrics = metrics
@@ -106,6 +96,6 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
     config = parse(TrainConfig, loop_config["config"], loop_config["source"])
     log_dir = Path(loop_config["log_dir"])
     log_dir.mkdir(parents=True, exist_ok=True)
-    session = RaySession(log_dir)
+    session = RaySession(log_dir, Path(loop_config["run_dir"]))
     record_placement(log_dir, session.rank)
     train(config, session, loop_config["source"])

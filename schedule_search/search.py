@@ -89,6 +89,7 @@ def run_trial(
         train_loop_config={
             "config": to_dict(config),
             "log_dir": str(experiment.trial_dir(trial_id)),
+            "run_dir": str(experiment.train_dir / train_run),
             "source": f"trial {trial_id}",
         },
         scaling_config=ray.train.ScalingConfig(

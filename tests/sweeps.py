@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import yaml
 
 from schedule_search.experiment import Experiment
@@ -84,7 +85,11 @@ def kill_at(command: list[str], storage: Path, moment: str, env: dict | None = N
         assert time.monotonic() < deadline, "no moment to kill at"
         records = trial_records(experiment) if experiment.root.exists() else {}
         finished = [t for t, r in records.items() if r["result"]]
-        running = [t for t, r in records.items() if r["metrics"] and not r["result"]]
+        # Two evaluations in: the first one's checkpoint is complete (the second was reported
+        # after it was stored), whatever Ray had registered when the kill lands.
+        running = [
+            t for t, r in records.items() if len(r["metrics"] or []) >= 2 and not r["result"]
+        ]
         if moment == "after_a_trial_finished" and finished and not running:
             interrupted = finished[0]
         if moment == "in_the_middle_of_a_trial" and running:
@@ -105,6 +110,11 @@ def start_and_kill(space: Path, storage: Path, moment: str) -> str:
     return kill_at(
         ["sweep", str(space), "--storage", str(storage), "--workers", "2"], storage, moment
     )
+
+
+#: The mark of tests that use the `finished_sweep` fixture: pytest-xdist (`--dist loadgroup`)
+#: runs them in one worker, so the sweep is made once.
+SHARES_THE_FINISHED_SWEEP = pytest.mark.xdist_group("finished_sweep")
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ def finish_a_killed_sweep(tmp_path: Path) -> FinishedSweep:
 
     space = write_space(tmp_path)
     storage = tmp_path / "runs"
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
     try:
         start_and_kill(space, storage, "before_the_first_trial_starts")
         resumed = cli("resume", SPACE["name"], "--storage", str(storage))

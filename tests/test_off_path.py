@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sweeps import SHARES_THE_FINISHED_SWEEP
 
 from schedule_search.cli import main
 from schedule_search.experiment import Experiment
@@ -61,6 +62,7 @@ DAMAGE = {
 }
 
 
+@SHARES_THE_FINISHED_SWEEP
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_record_of_the_best_trial_is_named_and_never_ranked(
     finished_sweep, tmp_path, capsys, damage
@@ -90,6 +92,7 @@ def test_a_damaged_record_of_the_best_trial_is_named_and_never_ranked(
     assert (experiment.root / "report" / "report.md").is_file()
 
 
+@SHARES_THE_FINISHED_SWEEP
 @pytest.mark.parametrize("state", ["searcher-state", "experiment_state"])
 def test_damaged_tune_state_is_one_line_and_no_hang(finished_sweep, tmp_path, state):
     storage, experiment = finished_sweep.copy_to(tmp_path)
@@ -267,6 +270,7 @@ def test_a_user_task_reaches_a_node_that_lacks_it(tmp_path, shipped):
         assert len(experiment.trial_ids()) == 1  # the second trial never started
 
 
+@SHARES_THE_FINISHED_SWEEP
 @pytest.mark.parametrize(
     "task",
     [

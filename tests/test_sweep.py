@@ -9,7 +9,16 @@ import optuna
 import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
-from sweeps import FRACTIONS, SPACE, cli, kill_at, start_and_kill, trial_records, write_space
+from sweeps import (
+    FRACTIONS,
+    SHARES_THE_FINISHED_SWEEP,
+    SPACE,
+    cli,
+    kill_at,
+    start_and_kill,
+    trial_records,
+    write_space,
+)
 
 from schedule_search.experiment import Experiment
 from schedule_search.recipe import load_recipe
@@ -17,6 +26,7 @@ from schedule_search.recipe import load_recipe
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
+@SHARES_THE_FINISHED_SWEEP
 def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(
     finished_sweep, tmp_path
 ):
@@ -249,7 +259,7 @@ def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path
     interrupted = kill_at(resume, storage, "in_the_middle_of_a_trial", stale)
     before = trial_records(experiment)
     kept |= {t: r for t, r in before.items() if r["result"]}
-    tokens_at_kill = (before[interrupted]["metrics"] or [{}])[-1].get("tokens", 0)
+    tokens_at_kill = before[interrupted]["metrics"][-2]["tokens"]  # surely checkpointed
 
     resumed = cli(*resume)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
