@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench lint clean sweep resume status export transfer report
+.PHONY: install test test-fast bench lint clean sweep resume status export transfer report
 
 # The embedded default sweep: tinylm on Python's stdlib sources, local Ray, 2 workers a trial.
 NAME ?= default
@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# Everything: real Ray sweeps, kills and gloo ranks, two tests at a time (pytest-xdist; each
+# sweep has a local Ray of its own). The tests of the one shared sweep stay in one worker.
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+# The tests without Ray, kills or multi-process runs (marked `slow` otherwise).
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
 
 sweep: install
 	$(CLI) sweep $(SPACE) --name $(NAME)
@@ -58,6 +64,7 @@ bench: install
 
 lint: install
 	$(VENV)/bin/ruff check schedule_search tests bench
+	$(VENV)/bin/ruff format --check schedule_search tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
