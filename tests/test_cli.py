@@ -70,11 +70,17 @@ def test_console_entry_point_exit_code(tmp_path):
 
 
 def test_help_for_every_verb(capsys):
-    for argv in (["--help"], ["train", "--help"]):
+    from schedule_search.cli import build_parser
+
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    assert {"train", "sweep", "resume", "status", "export", "transfer", "report"} <= set(verbs)
+    for argv in (["--help"], *([verb, "--help"] for verb in verbs)):
         with pytest.raises(SystemExit) as done:
             main(argv)
-        assert done.value.code == 0
-    assert "--workers" in capsys.readouterr().out
+        assert done.value.code == 0, argv
+        shown = capsys.readouterr().out
+        assert shown.startswith(f"usage: schedule-search {' '.join(argv[:-1])}".rstrip()), argv
+        assert "--help" in shown, argv
 
 
 def test_importing_the_package_sets_no_ray_environment():

@@ -6,7 +6,6 @@ import io
 import tempfile
 from pathlib import Path
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -81,6 +80,47 @@ trees = st.recursive(
     max_leaves=20,
 )
 
+#: A recipe that loads; the recipe fuzzer edits it (random dictionaries fail at `format`).
+GOOD_RECIPE = {
+    "format": 1,
+    "optimizer": {"name": "adamw", "lr": 0.003},
+    "schedule": {"kind": "poly", "gamma": 0.5, "alpha": 4.0, "warmup": 0.4},
+    "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
+    "window": {"policy": "microbatches", "microbatches": 2},
+    "n_params": 1000,
+    "tokens_per_param": 20.0,
+    "tokens_per_reference_step": 100.0,
+}
+RECIPE_PATHS = [(k,) for k in GOOD_RECIPE] + [
+    (k, inner) for k, v in GOOD_RECIPE.items() if isinstance(v, dict) for inner in v
+]
+REMOVE = object()
+
+
+def edited(edits: list[tuple[tuple[str, ...], object]]) -> dict:
+    recipe = yaml.safe_load(yaml.safe_dump(GOOD_RECIPE))
+    for path, value in edits:
+        parent = recipe
+        for key in path[:-1]:
+            parent = parent.setdefault(key, {}) if isinstance(parent, dict) else {}
+        if not isinstance(parent, dict):
+            continue
+        if value is REMOVE:
+            parent.pop(path[-1], None)
+        else:
+            parent[path[-1]] = value
+    return recipe
+
+
+recipes = st.builds(
+    edited,
+    st.lists(
+        st.tuples(st.sampled_from(RECIPE_PATHS), st.one_of(st.just(REMOVE), trees)),
+        min_size=1,
+        max_size=3,
+    ),
+)
+
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -103,7 +143,7 @@ def test_space_loader_fuzz(data):
 
 
 @FUZZ
-@given(st.one_of(trees, st.dictionaries(keys, trees, max_size=8)))
+@given(st.one_of(trees, st.dictionaries(keys, trees, max_size=8), recipes))
 def test_recipe_loader_fuzz(data):
     check_loader(load_recipe, data)
 
@@ -180,10 +220,32 @@ def test_cli_fuzz(verb, args):
         assert not any(Path(storage).iterdir()), "nothing may be written"
 
 
-def test_fuzz_strategies_reach_errors():
-    """The fuzzers above must actually exercise error paths, or they test nothing."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "s.yaml"
-        path.write_text(yaml.safe_dump({"samples": "many"}))
-        with pytest.raises(ConfigError):
-            load_space(path)
+def failing_keys(loader, inputs: st.SearchStrategy) -> set[str]:
+    """The keys (the first field of the one-line message) at which `loader` refused inputs."""
+    failed_at: set[str] = set()
+
+    @FUZZ
+    @given(inputs)
+    def run(data):
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "input.yaml"
+            path.write_text(yaml.safe_dump(data))
+            try:
+                loader(path)
+            except ConfigError as err:
+                failed_at.add(str(err).removeprefix(f"{path}: ").split(":")[0])
+
+    run()
+    return failed_at
+
+
+def test_fuzz_strategies_reach_many_error_paths():
+    """The fuzzers above test something only if their inputs get past the first check: the
+    strategies' inputs fail at many different keys of a space and of a recipe, not all at
+    "not a mapping"."""
+    for loader, inputs in (
+        (load_space, st.dictionaries(keys, trees, max_size=6)),
+        (load_recipe, recipes),
+    ):
+        failed_at = failing_keys(loader, inputs)
+        assert len(failed_at) >= 5, (loader.__name__, sorted(failed_at))
