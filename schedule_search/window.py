@@ -201,8 +201,8 @@ class WindowAccumulator:
         self._track_noise = config.policy == "grad_norm"
         self._agree_each_microbatch = config.policy != "microbatches"
         self._previous = [b.grads.clone() for b in self._buckets] if self._track_noise else []
-        for group in optimizer.param_groups:  # torch's LR schedulers keep the same key
-            group.setdefault("initial_lr", group["lr"])
+        for param_group in optimizer.param_groups:  # torch's LR schedulers use the same key
+            param_group.setdefault("initial_lr", param_group["lr"])
         self.tokens_seen = 0
         self.windows = 0
         self._last_microbatch_s = 0.0
@@ -320,8 +320,8 @@ class WindowAccumulator:
                 if coefficient < 1.0:
                     for bucket in self._buckets:
                         bucket.grads.mul_(coefficient)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr * self._lr_ratio(group)
+            for param_group in self.optimizer.param_groups:
+                param_group["lr"] = lr * self._lr_ratio(param_group)
             self.optimizer.step()
         for bucket in self._buckets:
             bucket.flat.zero_()
