@@ -65,6 +65,7 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check schedule_search tests bench
 	$(VENV)/bin/ruff format --check schedule_search tests bench
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -6,6 +6,7 @@ import math
 import os
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import optuna
 
@@ -65,13 +66,17 @@ def trial_state(row_state: str, values: list[float]) -> optuna.trial.TrialState:
 def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
     distributions: dict[str, optuna.distributions.BaseDistribution] = {}
     for key, p in space.params.items():
+        # `Param` has checked that a choice has values and every other type its bounds.
         if p.type == "choice":
+            assert p.values is not None
             distributions[key] = optuna.distributions.CategoricalDistribution(p.values)
         elif p.type == "int":
+            assert p.low is not None and p.high is not None
             distributions[key] = optuna.distributions.IntDistribution(
                 int(p.low), int(p.high), log=p.log
             )
         else:
+            assert p.low is not None and p.high is not None
             distributions[key] = optuna.distributions.FloatDistribution(
                 p.low, p.high, log=p.log or p.type == "loguniform"
             )
@@ -95,7 +100,7 @@ def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
     scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     scratch.unlink(missing_ok=True)
     storage = JournalStorage(JournalFileBackend(str(scratch)))
-    directions = ["minimize"] * len(space.objectives)
+    directions: list[Literal["minimize", "maximize"]] = ["minimize"] * len(space.objectives)
     study = optuna.create_study(study_name=space.name, storage=storage, directions=directions)
     distributions = optuna_distributions(space)
     base = trial_config(space, {})
@@ -106,7 +111,9 @@ def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
         values = [row.val_loss, row.wall_s][: len(space.objectives)]
         state = trial_state(row.state, values)
         if state == TrialState.PRUNED and single and row.curve:
-            told = [row.curve[-1][2]]  # Optuna's tell gives a pruned trial its last value
+            told: list[float] | None = [
+                row.curve[-1][2]
+            ]  # Optuna's tell gives a pruned trial its last value
         else:
             told = values if state == TrialState.COMPLETE else None
         study.add_trial(

@@ -77,7 +77,7 @@ class Recipe:
     @property
     def ema_fraction(self) -> float:
         """The EMA fraction whose loss the sweep optimized: evaluate with this one."""
-        return self.spec.ema.objective
+        return float(self.spec.ema.objective)  # a number: `RecipeSpec` refuses `best`
 
     def clock(self, tokens: float) -> float:
         """t, in reference steps, after `tokens` tokens."""

@@ -59,7 +59,7 @@ def _envelope(
     study: TransferStudy, kind: str, runs: dict[str, History], score: str
 ) -> dict[float, tuple[float, str | None, bool]]:
     """horizon -> (best loss, its run, whether that best is interior in its grid)."""
-    out = {}
+    out: dict[float, tuple[float, str | None, bool]] = {}
     for h in study.horizons:
         spec = study.grid(kind, h, runs)
         if spec is None:
@@ -73,7 +73,7 @@ def _envelope(
         if not losses:
             out[h] = (math.nan, None, False)
             continue
-        best = min(losses, key=losses.get)
+        best = min(losses, key=lambda run: losses[run])
         out[h] = (losses[best], best, spec.state(runs, score).interior)
     return out
 
@@ -344,7 +344,7 @@ def _plot_lrs(path: Path, study: TransferStudy, records: dict[str, Any]) -> None
     for kind in ("cosine", "linear"):
         spec = study.grid(kind, top, {n: r.history for n, r in records.items()})
         best = spec.state({n: r.history for n, r in records.items()}).best_lr if spec else None
-        if best is not None and spec.run_name(best) in records:
+        if spec is not None and best is not None and spec.run_name(best) in records:
             parsed = parse(TrainConfig, records[spec.run_name(best)].config, kind)
             schedule = parsed.schedule.build(1.0)
             axis.plot(

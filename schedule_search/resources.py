@@ -4,6 +4,7 @@ without a word. A cluster that autoscales is checked against what it has now."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 from schedule_search.config import ConfigError
@@ -27,7 +28,7 @@ def available(address: str | None) -> dict[str, float]:
         return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
     import ray
 
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     try:
         resources = ray.cluster_resources()
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import pickle
@@ -99,7 +100,8 @@ def run_trial(
         run_config=ray.train.RunConfig(
             name=train_run,
             storage_path=str(experiment.train_dir),
-            callbacks=[TuneReportCallback()],
+            # Tune's bridge for Train V2 runs inside a trial (typed as Train's own callback).
+            callbacks=[TuneReportCallback()],  # type: ignore[list-item]
             failure_config=ray.train.FailureConfig(max_failures=settings.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.checkpoint.keep),
         ),
@@ -213,6 +215,7 @@ class MilestoneOptunaSearch(OptunaSearch):
         values = [float(result.get(m, math.nan)) for m in metrics]
         state = trial_state(row_state, values)
         told = values if len(values) > 1 else values[0]
+        assert self._ot_study is not None  # set up before any trial starts
         self._ot_study.tell(
             self._ot_trials[trial_id], told if state == TrialState.COMPLETE else None, state=state
         )
@@ -235,12 +238,14 @@ def _scheduler(space: SearchSpace, horizon: float, milestones: list[float]):
     if not uses_asha(space):
         return FIFOScheduler()
     grace = 1.0 if 1.0 in milestones else milestones[0]
+    # ASHA's rungs are compared with `time_attr`, here Chinchilla multiples (floats), although
+    # its signature says int.
     return ASHAScheduler(
         time_attr="chinchilla",
         metric=METRIC,
         mode="min",
-        max_t=horizon,
-        grace_period=grace,
+        max_t=horizon,  # type: ignore[arg-type]
+        grace_period=grace,  # type: ignore[arg-type]
         reduction_factor=2,
     )
 
@@ -274,7 +279,7 @@ def _init_ray(settings: SweepSettings, code: Path | None) -> None:
         ray.init(
             address=settings.address,
             runtime_env={"py_modules": [str(code)]} if code else None,
-            logging_level="WARNING",
+            logging_level=logging.WARNING,
             log_to_driver=False,
         )
     else:
@@ -283,7 +288,7 @@ def _init_ray(settings: SweepSettings, code: Path | None) -> None:
             num_cpus=os.cpu_count(),
             resources={"trial_slot": settings.concurrency},
             dashboard_port=_pin_state_api(),
-            logging_level="WARNING",
+            logging_level=logging.WARNING,
             log_to_driver=False,
         )
 

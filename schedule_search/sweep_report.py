@@ -27,6 +27,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from schedule_search.averaging import fraction_label
 from schedule_search.checkpoint import atomic_write_text
@@ -106,7 +107,9 @@ def _plot_losses(
         history = records[r.trial_id].history
         if not history:
             continue
-        emphasis = {"linewidth": 2.5, "zorder": 3} if r.trial_id == best else {"alpha": 0.6}
+        emphasis: dict[str, Any] = (
+            {"linewidth": 2.5, "zorder": 3} if r.trial_id == best else {"alpha": 0.6}
+        )
         axis.plot(
             [h["tokens"] for h in history],
             [h["val_loss"] for h in history],
@@ -260,8 +263,10 @@ def _optuna_figures(
         elif len(study.trials) < FEW_TRIALS:
             hint = f"{len(study.trials)} trials: a hint, not a verdict"
             axis.set_title(f"{axis.get_title()} - {hint}")
-        axis.figure.set_size_inches(*size)
-        save_figure(axis.figure, report_dir / name)
+        figure = axis.figure
+        assert isinstance(figure, Figure)  # Optuna's plots draw on a figure of their own
+        figure.set_size_inches(*size)
+        save_figure(figure, report_dir / name)
         reasons[name] = ""
     return reasons, multiple
 

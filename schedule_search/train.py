@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -58,7 +58,7 @@ class OptimizerConfig:
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
-    def build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    def build(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
         if self.name == "sgd":
             return torch.optim.SGD(
                 params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
@@ -401,7 +401,7 @@ def _state(
     session: Session,
 ) -> dict[str, Any]:
     """Everything a resumed run needs, taken at a window boundary. RNG states of all ranks."""
-    rng = [torch.get_rng_state()]
+    rng: list[Any] = [torch.get_rng_state()]
     if session.world_size > 1:
         rng = [None] * session.world_size
         dist.all_gather_object(rng, torch.get_rng_state())

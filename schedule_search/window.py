@@ -206,6 +206,15 @@ class WindowAccumulator:
         self.tokens_seen = 0
         self.windows = 0
         self._last_microbatch_s = 0.0
+        # The window in progress (reset by `_start_window` at every close).
+        self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.float64)
+        self._agreed = self._control.clone()
+        self._ticks = 0
+        self._local_tokens = 0
+        self._local_microbatches = 0
+        self._pending_tokens = 0
+        self._window_start = 0.0
+        self._tick_start: float | None = None
         self._start_window()
 
     # -- inside a window -------------------------------------------------------------------
@@ -252,7 +261,7 @@ class WindowAccumulator:
         if cfg.policy == "microbatches":
             return self._ticks >= cfg.microbatches
         if cfg.policy == "tokens":
-            return agreed[_TOKENS] >= cfg.tokens
+            return float(agreed[_TOKENS]) >= cfg.tokens
         if cfg.policy == "seconds":
             # Close on the micro-batch expected to reach the window length (rank 0's clock).
             return float(agreed[_ELAPSED] + agreed[_LAST_DT]) >= cfg.seconds
@@ -356,7 +365,7 @@ class WindowAccumulator:
         self._local_microbatches = 0
         self._pending_tokens = 0
         self._window_start = self.clock()
-        self._tick_start: float | None = None
+        self._tick_start = None
         for previous in self._previous:
             previous.zero_()
 

@@ -54,13 +54,13 @@ class Task(Protocol):
 
 def _builtin(name: str) -> Callable[..., Task] | None:
     if name == "linreg":
-        from schedule_search.tasks.linreg import build
+        from schedule_search.tasks import linreg
 
-        return build
+        return linreg.build
     if name == "tinylm":
-        from schedule_search.tasks.tinylm import build
+        from schedule_search.tasks import tinylm
 
-        return build
+        return tinylm.build
     return None
 
 

@@ -137,6 +137,7 @@ class TinyLMTask:
         return TinyLM(self.corpus.vocab_size, self.config)
 
     def chinchilla_params(self, model: torch.nn.Module) -> int:
+        assert isinstance(model, TinyLM), type(model)
         return model.non_embedding_params()
 
     def _sample_rows(self, stream: corpus.Pieces, generator: torch.Generator) -> torch.Tensor:
