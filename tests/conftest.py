@@ -10,3 +10,9 @@ def finished_sweep(tmp_path_factory) -> FinishedSweep:
     Its tests carry `sweeps.SHARES_THE_FINISHED_SWEEP`, so pytest-xdist (`--dist loadgroup`) runs
     them in one worker and the sweep is made once."""
     return finish_a_killed_sweep(tmp_path_factory.mktemp("finished"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The multi-process and Ray tests first, so that two pytest-xdist workers share them from
+    the start and the quick tests fill in at the end (collection order is file order)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
