@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 # Everything: real Ray sweeps, kills and gloo ranks, two tests at a time (pytest-xdist; each
 # sweep has a local Ray of its own). The tests of the one shared sweep stay in one worker.
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # The tests without Ray, kills or multi-process runs (marked `slow` otherwise).
 test-fast: install

@@ -12,6 +12,7 @@ import yaml
 from ray.cluster_utils import Cluster
 
 from schedule_search.experiment import Experiment
+from schedule_search.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -32,14 +33,18 @@ SPACE = {
 }
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_node_cluster():
     # One CPU a node: a trial of two 1-CPU workers needs both. The head declares one trial
-    # slot, as the README's `ray start --head --resources` does.
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "resources": {"trial_slot": 1}, "include_dashboard": True},
-    )
+    # slot, as the README's `ray start --head --resources` does. Its dashboard gets a free
+    # port: another test's Ray may hold Ray's default one.
+    head = {
+        "num_cpus": 1,
+        "resources": {"trial_slot": 1},
+        "include_dashboard": True,
+        "dashboard_port": free_port(),
+    }
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     try:
