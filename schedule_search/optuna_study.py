@@ -111,9 +111,8 @@ def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
         values = [row.val_loss, row.wall_s][: len(space.objectives)]
         state = trial_state(row.state, values)
         if state == TrialState.PRUNED and single and row.curve:
-            told: list[float] | None = [
-                row.curve[-1][2]
-            ]  # Optuna's tell gives a pruned trial its last value
+            # Optuna's tell gives a pruned trial its last value.
+            told: list[float] | None = [row.curve[-1][2]]
         else:
             told = values if state == TrialState.COMPLETE else None
         study.add_trial(
