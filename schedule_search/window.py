@@ -178,6 +178,16 @@ class WindowAccumulator:
             record = window.close(lr)              # all-reduce, normalize, clip, step, zero
     """
 
+    # The window in progress, set by `_start_window` at the start and at every close.
+    _control: torch.Tensor
+    _agreed: torch.Tensor
+    _ticks: int
+    _local_tokens: int
+    _local_microbatches: int
+    _pending_tokens: int
+    _window_start: float
+    _tick_start: float | None
+
     def __init__(
         self,
         params: Sequence[torch.Tensor],
@@ -206,15 +216,6 @@ class WindowAccumulator:
         self.tokens_seen = 0
         self.windows = 0
         self._last_microbatch_s = 0.0
-        # The window in progress (reset by `_start_window` at every close).
-        self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.float64)
-        self._agreed = self._control.clone()
-        self._ticks = 0
-        self._local_tokens = 0
-        self._local_microbatches = 0
-        self._pending_tokens = 0
-        self._window_start = 0.0
-        self._tick_start: float | None = None
         self._start_window()
 
     # -- inside a window -------------------------------------------------------------------
