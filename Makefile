@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[sweep,dev]"
 	touch $(STAMP)
 
 # Everything: real Ray sweeps, kills and gloo ranks, two tests at a time (pytest-xdist; each
@@ -27,9 +27,10 @@ $(STAMP): pyproject.toml Makefile
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
-# The tests without Ray, kills or multi-process runs (marked `slow` otherwise).
+# The unit tier: no Ray, kills or multi-process runs (tests/integration holds those, each
+# marked `slow`).
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q tests/unit
 
 sweep: install
 	$(CLI) sweep $(SPACE) --name $(NAME)

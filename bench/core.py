@@ -1,6 +1,6 @@
 """Training-core benchmark: ratios measured side by side in one run (these machines are noisy).
 
-- loop overhead: the windowed loop (WindowAccumulator + token clock + EMA bank, as train.py
+- loop overhead: the windowed loop (WindowAccumulator + token clock + EMA bank, as train/loop.py
   runs it) over a bare PyTorch loop doing the same micro-batches with plain accumulation,
   interleaved A/B rounds, median of the per-round ratios. Goal <= 1.03.
 - memory: peak RSS of a 64-micro-batch window over a 1-micro-batch window, each in a fresh
@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from schedule_search.averaging import DEFAULT_FRACTIONS, EmaBank
-from schedule_search.tasks import build_task
-from schedule_search.window import WindowAccumulator, WindowConfig
+from schedule_search.core.averaging import DEFAULT_FRACTIONS, EmaBank
+from schedule_search.core.window import WindowAccumulator, WindowConfig
+from schedule_search.tasks.registry import build_task
 
 MICROBATCHES = 32
 WINDOW = 4

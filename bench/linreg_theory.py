@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from schedule_search.config import load_yaml, parse
-from schedule_search.experiment import Experiment
-from schedule_search.launch import run_local
-from schedule_search.train import TrainConfig
+from schedule_search.core.config import load_yaml, parse
+from schedule_search.sweep.experiment import Experiment
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.launch import run_local
 
 A = 1.5
 

@@ -10,8 +10,8 @@ compute (inf: not within the grid's compute); median over seeds. (On a smaller t
 16, every method came within 1% in its first trials: too flat a task to tell samplers apart.)
 
 Methods (all Optuna's own samplers and pruner, seeded):
-- TPE + halving: the sweep's TPE (`optuna_study.tpe_sampler`) with successive halving (rungs at
-  1x and 2x, reduction factor 2: the sweep's ASHA); pruned trials are told PRUNED.
+- TPE + halving: the sweep's TPE (`sweep.optuna_study.tpe_sampler`) with successive halving
+  (rungs at 1x and 2x, reduction factor 2: the sweep's ASHA); pruned trials are told PRUNED.
 - GP: Optuna's GPSampler; it learns from completed trials only, so it runs without halving.
 - random + halving: random search under the same successive halving.
 - grid: the grid's own points in a seeded random order.
@@ -20,7 +20,7 @@ Three ways for the EMA fraction, with TPE + halving:
 - fraction as a dimension: one EMA a trial, its fraction searched (log, 0.005-0.32);
 - every fraction a point: the bank, and each fraction told to the study as its own trial.
 
-Trials run through the core trainer (`train.train`, the loop the sweep's Ray Train workers
+Trials run through the core trainer (`train.loop.train`, the loop the sweep's Ray Train workers
 run), not through Ray, whose per-trial start-up (about 10 s) would dominate trials this small.
 Grid points, and the searches of each method and seed, run in parallel processes of one thread.
 
@@ -45,11 +45,12 @@ import numpy as np
 import optuna
 import torch
 
-from schedule_search.averaging import DEFAULT_FRACTIONS, loss_key
-from schedule_search.config import parse
-from schedule_search.optuna_study import make_sampler
-from schedule_search.space import STARTUP_TRIALS
-from schedule_search.train import TrainConfig, train
+from schedule_search.core.averaging import DEFAULT_FRACTIONS, loss_key
+from schedule_search.core.config import parse
+from schedule_search.sweep.optuna_study import make_sampler
+from schedule_search.sweep.space import STARTUP_TRIALS
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.loop import train
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

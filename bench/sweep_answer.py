@@ -31,10 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from schedule_search.averaging import DEFAULT_FRACTIONS, loss_key
-from schedule_search.config import parse
-from schedule_search.launch import run_local
-from schedule_search.train import TrainConfig
+from schedule_search.core.averaging import DEFAULT_FRACTIONS, loss_key
+from schedule_search.core.config import parse
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.launch import run_local
 
 ROOT = Path(__file__).resolve().parents[1]
 START_LRS = (3e-3, 6e-3, 1.2e-2)

@@ -23,11 +23,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from schedule_search.launch import free_port
-from schedule_search.tasks import build_task
-from schedule_search.window import WindowAccumulator, WindowConfig
+from schedule_search.core.window import WindowAccumulator, WindowConfig
+from schedule_search.tasks.registry import build_task
+from schedule_search.train.launch import run_ranks
 
 # Communication-heavy on purpose: 7.1M non-embedding parameters (28 MiB of fp32 gradient) and
 # 64-token micro-batches, so an all-reduce costs about as much as the compute it follows.
@@ -105,36 +104,33 @@ def run_windows(task, batches, k: int, policy: str = "microbatches"):
     return elapsed, task.evaluate(model), window.windows, control_s
 
 
-def _worker(rank: int, world: int, port: int, args, results) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+def _worker(rank: int, world: int, args) -> dict | None:
     torch.set_num_threads(1)
-    try:
-        task = build_task(COMM_HEAVY, seed=0)
-        batches = [task.microbatch(i, rank, world) for i in range(args.microbatches)]
-        run_windows(task, batches[:8], 4)  # warm-up: allocator, gloo pairs
-        run_ddp(task, batches[:8])
-        rounds: dict[str, list] = {}
-        for _ in range(args.rounds):
-            rounds.setdefault("local", []).append(run_local(task, batches[:32]))
-            rounds.setdefault("ddp", []).append(run_ddp(task, batches))
-            for k in KS:
-                rounds.setdefault(f"k{k}", []).append(run_windows(task, batches, k))
-        default = build_task(DEFAULT_MODEL, seed=0)
-        default_batches = [default.microbatch(i, rank, world) for i in range(64)]
-        run_windows(default, default_batches[:8], 4)
-        control = {
-            policy: [run_windows(default, default_batches, 4, policy) for _ in range(args.rounds)]
-            for policy in ("tokens", "microbatches")
-        }
-        if rank == 0:
-            results["rounds"] = rounds
-            results["control"] = control
-            results["params"] = task.chinchilla_params(task.build_model())
-            results["tokens"] = sum(b.tokens for b in batches) * world
-    finally:
-        dist.destroy_process_group()
+    task = build_task(COMM_HEAVY, seed=0)
+    batches = [task.microbatch(i, rank, world) for i in range(args.microbatches)]
+    run_windows(task, batches[:8], 4)  # warm-up: allocator, gloo pairs
+    run_ddp(task, batches[:8])
+    rounds: dict[str, list] = {}
+    for _ in range(args.rounds):
+        rounds.setdefault("local", []).append(run_local(task, batches[:32]))
+        rounds.setdefault("ddp", []).append(run_ddp(task, batches))
+        for k in KS:
+            rounds.setdefault(f"k{k}", []).append(run_windows(task, batches, k))
+    default = build_task(DEFAULT_MODEL, seed=0)
+    default_batches = [default.microbatch(i, rank, world) for i in range(64)]
+    run_windows(default, default_batches[:8], 4)
+    control = {
+        policy: [run_windows(default, default_batches, 4, policy) for _ in range(args.rounds)]
+        for policy in ("tokens", "microbatches")
+    }
+    if rank != 0:
+        return None
+    return {
+        "rounds": rounds,
+        "control": control,
+        "params": task.chinchilla_params(task.build_model()),
+        "tokens": sum(b.tokens for b in batches) * world,
+    }
 
 
 def main() -> None:
@@ -142,8 +138,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=128, help="per rank, per variant")
     args = parser.parse_args()
-    results = mp.get_context("spawn").Manager().dict()
-    mp.spawn(_worker, args=(2, free_port(), args, results), nprocs=2, join=True)
+    results = run_ranks(_worker, 2, args)[0]
     rounds, tokens, m = results["rounds"], results["tokens"], args.microbatches
 
     ddp_s = [r[0] for r in rounds["ddp"]]

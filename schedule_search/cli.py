@@ -12,10 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from schedule_search import commands
-from schedule_search.config import PLAIN_NAME, ConfigError, InputWarning, is_plain_name
-from schedule_search.interrupts import Interrupted, terminate_as_interrupt
+from schedule_search.core.config import PLAIN_NAME, ConfigError, InputWarning, is_plain_name
+from schedule_search.core.interrupts import Interrupted, terminate_as_interrupt
+
+__all__ = ["build_parser", "main"]
 
 EXIT_BAD_INPUT = 2
+#: Top-level modules of the `sweep` extra (a core install has torch, numpy, pydantic, pyyaml).
+SWEEP_EXTRA = {"ray", "optuna", "scipy", "greenlet", "schedulefree", "rich", "matplotlib"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +64,7 @@ def _multiples(text: str) -> list[float]:
 
 
 def _methods(text: str) -> list[str]:
-    from schedule_search.transfer import METHODS
+    from schedule_search.transfer.plan import METHODS
 
     chosen = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [m for m in chosen if m not in METHODS]
@@ -89,7 +93,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Search horizon-free LR schedules, EMA and time windows (Ray Tune + Optuna).",
     )
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    _add_train(verbs)
+    _add_sweep(verbs)
+    _add_transfer(verbs)
+    for verb, handler, text in (
+        ("resume", commands.resume, "continue a killed or stopped sweep"),
+        ("status", commands.status, "a table of the sweep's trials"),
+        ("export", commands.export, "write the best trial's config as a recipe"),
+        ("report", commands.report, "a markdown report with plots and TensorBoard files"),
+    ):
+        sub = verbs.add_parser(verb, help=text)
+        sub.add_argument("name", type=_name, help="experiment name (a folder under --storage)")
+        _add_storage(sub)
+        if verb == "export":
+            _add_export_options(sub)
+        sub.set_defaults(handler=handler)
+    return parser
 
+
+def _add_train(verbs) -> None:
     train = verbs.add_parser("train", help="one training run from a config (no search)")
     train.add_argument("config", type=Path, help="training config YAML (see README)")
     train.add_argument(
@@ -100,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(handler=commands.train)
 
+
+def _add_sweep(verbs) -> None:
     sweep = verbs.add_parser(
         "sweep", help="search a space with Ray Tune + Optuna over Ray Train trials"
     )
@@ -143,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sweep)
     sweep.set_defaults(handler=commands.sweep)
 
+
+def _add_transfer(verbs) -> None:
     transfer = verbs.add_parser("transfer", help="the recipe at longer horizons vs references")
     transfer.add_argument("name", type=_name, help="the sweep whose recipe to transfer")
     transfer.add_argument(
@@ -174,36 +200,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(transfer)
     transfer.set_defaults(handler=commands.transfer)
 
-    for verb, handler, text in (
-        ("resume", commands.resume, "continue a killed or stopped sweep"),
-        ("status", commands.status, "a table of the sweep's trials"),
-        ("export", commands.export, "write the best trial's config as a recipe"),
-        (
-            "report",
-            commands.report,
-            "a markdown report with plots and TensorBoard files of the sweep",
-        ),
-    ):
-        sub = verbs.add_parser(verb, help=text)
-        sub.add_argument("name", type=_name, help="experiment name (a folder under --storage)")
-        _add_storage(sub)
-        if verb == "export":
-            sub.add_argument(
-                "-o",
-                "--output",
-                type=Path,
-                default=None,
-                help="recipe file (default: runs/<name>/recipe.yaml)",
-            )
-            sub.add_argument(
-                "--max-slowdown",
-                type=_at_least_one,
-                default=None,
-                help="pick the lowest loss among trials at most this many times slower "
-                "(wall clock to the horizon) than the fastest",
-            )
-        sub.set_defaults(handler=handler)
-    return parser
+
+def _add_export_options(export: argparse.ArgumentParser) -> None:
+    export.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="recipe file (default: runs/<name>/recipe.yaml)",
+    )
+    export.add_argument(
+        "--max-slowdown",
+        type=_at_least_one,
+        default=None,
+        help="pick the lowest loss among trials at most this many times slower "
+        "(wall clock to the horizon) than the fastest",
+    )
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -227,6 +239,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One line, whatever the input held (a newline in a flag or a YAML key included).
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
         print(f"error: {text}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] not in SWEEP_EXTRA:
+            raise
+        print(
+            f"error: {err.name} is not installed; the command line needs the sweep extra: "
+            "pip install 'schedule-search[sweep]'",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # before Tune ran, or a second Ctrl-C: stopped where it was
         print("interrupted", file=sys.stderr)

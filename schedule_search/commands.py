@@ -7,12 +7,19 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from schedule_search.config import ConfigError, InputWarning
-from schedule_search.lock import experiment_lock
+from schedule_search.core.config import ConfigError, InputWarning
+from schedule_search.core.states import State
+from schedule_search.sweep.lock import experiment_lock
+
+__all__ = ["EXIT_UNFINISHED", "export", "report", "resume", "status", "sweep", "train", "transfer"]
+
+if TYPE_CHECKING:
+    from schedule_search.sweep.facts import SweepFacts
+    from schedule_search.sweep.space import SearchSpace
 
 EXIT_UNFINISHED = 1
-DEFAULT_TRANSFER_MULTIPLES = [8.0, 16.0, 32.0]
 
 
 def _again(verb: str, name: str, storage: Path | None) -> str:
@@ -33,14 +40,16 @@ def _again(verb: str, name: str, storage: Path | None) -> str:
     return " ".join(shlex.quote(part) if part != program else part for part in parts)
 
 
-def _prepare_space(args: argparse.Namespace) -> tuple[dict, str]:
-    """The space with the command line's overrides applied, validated; nothing written yet."""
+def _prepare_space(args: argparse.Namespace) -> tuple[dict, SearchSpace, SweepFacts]:
+    """The space with the command line's overrides applied, validated, and what it resolves
+    to (`SweepFacts`); nothing written yet."""
     import tempfile
 
     import yaml
 
-    from schedule_search.config import load_yaml
-    from schedule_search.space import load_space
+    from schedule_search.core.config import load_yaml
+    from schedule_search.sweep.facts import resolve_facts
+    from schedule_search.sweep.space import load_space
 
     data = load_yaml(args.space)
     if not isinstance(data, dict):
@@ -60,23 +69,29 @@ def _prepare_space(args: argparse.Namespace) -> tuple[dict, str]:
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always", InputWarning)
                 space = load_space(copy)
+                facts = resolve_facts(space, str(copy))
         except ConfigError as err:
             raise ConfigError(str(err).replace(str(copy), str(args.space))) from None
+    shown = set()  # the space's check and its facts both build the task: one warning each
     for warning in seen:  # shown with the user's file, not the scratch copy
         text = str(warning.message).replace(str(copy), str(args.space))
-        warnings.warn_explicit(text, warning.category, warning.filename, warning.lineno)
-    return data, space.name
+        if text not in shown:
+            shown.add(text)
+            warnings.warn_explicit(text, warning.category, warning.filename, warning.lineno)
+    return data, space, facts
 
 
 def sweep(args: argparse.Namespace) -> int:
     import yaml
 
-    from schedule_search.checkpoint import atomic_write_text
-    from schedule_search.experiment import Experiment
-    from schedule_search.resources import check_resources
+    from schedule_search.core.files import atomic_write_text
+    from schedule_search.sweep import driver  # noqa: F401  (Ray and Optuna: before any write)
+    from schedule_search.sweep.experiment import Experiment
+    from schedule_search.sweep.facts import write_facts
+    from schedule_search.sweep.resources import check_resources
 
-    data, space_name = _prepare_space(args)
-    name = args.name or space_name
+    data, space, facts = _prepare_space(args)
+    name = args.name or space.name
     experiment = Experiment.named(name, args.storage)
     if (experiment.root / "sweep.json").exists():
         raise ConfigError(
@@ -89,7 +104,8 @@ def sweep(args: argparse.Namespace) -> int:
         if (experiment.root / "sweep.json").exists():  # another sweep got here first
             raise ConfigError(f"{experiment.root}: experiment exists")
         atomic_write_text(experiment.root / "space.yaml", yaml.safe_dump(data, sort_keys=False))
-        experiment.save_settings(settings)
+        write_facts(experiment.root, facts)
+        experiment.save_settings(settings)  # last: from here on the experiment exists
         return _run(settings, experiment, args.storage, resume=False)
 
 
@@ -97,7 +113,7 @@ def _settings(args: argparse.Namespace, data: dict, name: str):
     """How the sweep launches (saved in sweep.json so `resume` launches it the same way)."""
     import os
 
-    from schedule_search.experiment import SweepSettings
+    from schedule_search.sweep.experiment import SweepSettings
 
     cpus = os.cpu_count() or 1
     return SweepSettings(
@@ -105,7 +121,6 @@ def _settings(args: argparse.Namespace, data: dict, name: str):
         samples=int(data.get("samples", 8)),
         workers=args.workers,
         concurrency=args.concurrency or max(1, int(cpus // args.workers)),
-        seed=int(data.get("seed", 0)),
         gpus_per_worker=args.gpus_per_worker,
         address=args.address or os.environ.get("RAY_ADDRESS"),
         max_failures=args.max_failures,
@@ -113,9 +128,9 @@ def _settings(args: argparse.Namespace, data: dict, name: str):
 
 
 def _run(settings, experiment, storage: Path | None, resume: bool) -> int:
-    from schedule_search.failures import TrialsFailed
-    from schedule_search.interrupts import Interrupted
-    from schedule_search.search import sweep
+    from schedule_search.core.interrupts import Interrupted
+    from schedule_search.sweep.driver import sweep
+    from schedule_search.sweep.failures import TrialsFailed
 
     try:
         sweep(settings, experiment, resume=resume)
@@ -134,8 +149,8 @@ def _run(settings, experiment, storage: Path | None, resume: bool) -> int:
 
 
 def resume(args: argparse.Namespace) -> int:
-    from schedule_search.experiment import Experiment
-    from schedule_search.resources import check_resources
+    from schedule_search.sweep.experiment import Experiment
+    from schedule_search.sweep.resources import check_resources
 
     experiment = Experiment.named(args.name, args.storage)
     settings = experiment.settings()
@@ -146,15 +161,15 @@ def resume(args: argparse.Namespace) -> int:
 
 def _recorded_space(experiment):
     """The experiment's own copy of its space, read without building its task."""
-    from schedule_search.space import load_space
+    from schedule_search.sweep.space import load_space
 
     return load_space(experiment.root / "space.yaml", check_task=False)
 
 
 def _horizon(experiment) -> float:
-    from schedule_search.space import trial_config
+    from schedule_search.sweep.facts import read_facts
 
-    return trial_config(_recorded_space(experiment), {}).budget.horizon
+    return read_facts(experiment.root).horizon
 
 
 def _warn_damaged(experiment) -> None:
@@ -166,17 +181,18 @@ def _print_table(experiment) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from schedule_search.averaging import fraction_label
+    from schedule_search.core.averaging import fraction_label
+    from schedule_search.sweep.space import value_text
 
     horizon = _horizon(experiment)
     _warn_damaged(experiment)
-    rows = experiment.write_table(horizon)
+    rows = experiment.write_table()
     best = experiment.best(horizon)
     table = Table(title=f"{experiment.root.name}: {len(rows)} trials (objective at {horizon:g}x)")
     params = sorted({k for r in rows for k in r.params})
     for column in ["trial", "state", "reached", "val_loss", "ema fraction", "best", *params]:
         table.add_column(column)
-    for r in sorted(rows, key=lambda r: (r.state != "completed", r.val_loss)):
+    for r in sorted(rows, key=lambda r: (r.state != State.COMPLETED, r.val_loss)):
         mark = " *" if best is not None and r.trial_id == best.trial_id else ""
         table.add_row(
             r.trial_id + mark,
@@ -185,70 +201,37 @@ def _print_table(experiment) -> None:
             f"{r.val_loss:.4f}",
             fraction_label(r.ema_fraction),
             f"{r.best_val_loss:.4f}",
-            *[
-                f"{r.params.get(p, ''):.4g}"
-                if isinstance(r.params.get(p), float)
-                else str(r.params.get(p, ""))
-                for p in params
-            ],
+            *[value_text(r.params.get(p, "")) for p in params],
         )
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     print(f"table: {experiment.root / 'trials.csv'}")
 
 
 def transfer(args: argparse.Namespace) -> int:
-    import dataclasses
-    import json
-
-    from schedule_search.experiment import Experiment
-    from schedule_search.failures import TrialsFailed
-    from schedule_search.interrupts import Interrupted
-    from schedule_search.resources import check_resources
-    from schedule_search.transfer import (
-        METHODS,
-        Unfinished,
-        build_study,
-        run_transfer,
-        transfer_base,
-    )
+    from schedule_search.core.interrupts import Interrupted
+    from schedule_search.sweep import driver  # noqa: F401  (Ray and Optuna: before any write)
+    from schedule_search.sweep.experiment import Experiment
+    from schedule_search.sweep.failures import TrialsFailed
+    from schedule_search.sweep.resources import check_resources
+    from schedule_search.transfer.launch import plan_launch
+    from schedule_search.transfer.run import Unfinished, run_transfer
 
     sweep = Experiment.named(args.name, args.storage)
-    settings = sweep.settings()
-    # A resumed transfer runs as it was launched, unless a flag says otherwise.
-    launched = sweep.root / "transfer" / "plan.json"
-    before = json.loads(launched.read_text()) if launched.exists() else {}
-    workers = args.workers or before.get("workers")
-    concurrency = args.concurrency or before.get("concurrency")
-    if workers:
-        settings = dataclasses.replace(settings, workers=workers)
-    if concurrency:
-        settings = dataclasses.replace(settings, concurrency=concurrency)
-    base, _ = transfer_base(sweep, settings.workers)
-    targets = args.to or before.get("to") or DEFAULT_TRANSFER_MULTIPLES
-    horizons = sorted({base.budget.horizon, *targets})
-    methods = args.methods or before.get("methods") or list(METHODS)
-    build_study(sweep, settings, horizons, methods)  # every first run is valid before Ray starts
-    check_resources(settings)
-    launched_as = (before.get("horizons"), set(before.get("methods", [])), before.get("workers"))
-    if before and launched_as != (horizons, set(methods), settings.workers):
-        raise ConfigError(
-            f"{launched.parent}: a transfer to {','.join(f'{h:g}' for h in before['horizons'])}x "
-            f"with {','.join(before['methods'])} on {before['workers']} workers is there; this "
-            "one would change its runs. Move that folder aside to run another"
-        )
+    launch = plan_launch(sweep, args.to, args.methods, args.workers, args.concurrency)
+    check_resources(launch.settings)
+    again = _again("transfer", args.name, args.storage)
     with experiment_lock(sweep.root, "transfer"):
-        resume = launched.exists()
         try:
-            root = run_transfer(sweep, settings, horizons, methods, resume)
+            root = run_transfer(
+                sweep, launch.settings, launch.horizons, launch.methods, launch.resume
+            )
         except TrialsFailed as err:
             print(f"transfer ended: {err}", file=sys.stderr)
             return EXIT_UNFINISHED
         except Interrupted as stop:
-            again = _again("transfer", args.name, args.storage)
             print(f"transfer stopped by {stop}; `{again}` resumes it", file=sys.stderr)
             return stop.exit_code
         except Unfinished as err:
-            again = _again("transfer", args.name, args.storage)
             print(f"transfer stopped: {err}; `{again}` resumes it", file=sys.stderr)
             return EXIT_UNFINISHED
     print((root / "transfer.md").read_text())
@@ -257,7 +240,7 @@ def transfer(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from schedule_search.experiment import Experiment
+    from schedule_search.sweep.experiment import Experiment
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()  # a clear error when there is no such sweep
@@ -266,13 +249,14 @@ def status(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    from schedule_search.averaging import fraction_label
-    from schedule_search.experiment import Experiment
+    from schedule_search.core.averaging import fraction_label
+    from schedule_search.sweep.experiment import Experiment
+    from schedule_search.sweep.facts import read_facts
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
     output = args.output or experiment.root / "recipe.yaml"
-    best, _ = experiment.export(output, _horizon(experiment), args.max_slowdown)
+    best, _ = experiment.export(output, read_facts(experiment.root), args.max_slowdown)
     print(
         f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x "
         f"(EMA fraction {fraction_label(best.ema_fraction)}) -> {output}"
@@ -281,9 +265,9 @@ def export(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    from schedule_search.experiment import Experiment
-    from schedule_search.optuna_study import write_optuna_mirror
-    from schedule_search.sweep_report import write_sweep_report
+    from schedule_search.report.sweep import write_sweep_report
+    from schedule_search.sweep.experiment import Experiment
+    from schedule_search.sweep.optuna_study import write_optuna_mirror
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
@@ -291,24 +275,23 @@ def report(args: argparse.Namespace) -> int:
     _warn_damaged(experiment)
     # The table and the Optuna journal first: a running or killed sweep has not written them
     # since its trials last moved.
-    experiment.write_table(_horizon(experiment))
+    experiment.write_table()
     write_optuna_mirror(experiment, space)
     print(f"report: {write_sweep_report(experiment, space)}")
     return 0
 
 
 def train(args: argparse.Namespace) -> int:
-    from schedule_search.launch import run_local
-    from schedule_search.tasks import build_task
-    from schedule_search.train import load_train_config
+    from schedule_search.tasks.registry import build_task
+    from schedule_search.train.config import load_train_config
+    from schedule_search.train.evaluation import Evaluation
+    from schedule_search.train.launch import run_local
 
     config = load_train_config(args.config)
     build_task(config.task, config.seed, str(args.config))  # bad task options fail here, early
     run_dir = args.run_dir or Path("runs") / f"train-{args.config.stem}"
     result = run_local(config, run_dir, args.workers, str(args.config))
-    for row in result.history:
-        print(
-            f"{row['chinchilla']:>6g}x  tokens {row['tokens']:>12,}  val_loss {row['val_loss']:.4f}"
-        )
+    for point in map(Evaluation.from_metrics, result.history):
+        print(f"{point.chinchilla:>6g}x  tokens {point.tokens:>12,}  val_loss {point.val_loss:.4f}")
     print(f"{result.status}; metrics and checkpoints in {run_dir}")
-    return 0 if result.status == "completed" else 1
+    return 0 if result.status == State.COMPLETED else 1

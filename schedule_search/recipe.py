@@ -25,13 +25,15 @@ import torch
 import yaml
 from pydantic import Field
 
-from schedule_search.averaging import EmaBank, EmaConfig
-from schedule_search.checkpoint import atomic_write_text
-from schedule_search.clock import Horizon
-from schedule_search.config import STRICT, ConfigError, load_yaml, parse, to_dict
-from schedule_search.schedules import ScheduleConfig
-from schedule_search.train import OptimizerConfig
-from schedule_search.window import WindowAccumulator, WindowConfig
+from schedule_search.core.averaging import EmaBank, EmaConfig
+from schedule_search.core.clock import TokenClock
+from schedule_search.core.config import STRICT, ConfigError, load_yaml, parse, to_dict
+from schedule_search.core.files import atomic_write_text
+from schedule_search.core.optimizer import OptimizerConfig
+from schedule_search.core.schedules import ScheduleConfig
+from schedule_search.core.window import WindowAccumulator, WindowConfig
+
+__all__ = ["RECIPE_FORMAT", "Recipe", "RecipeSpec", "load_recipe", "write_recipe"]
 
 RECIPE_FORMAT = 1
 
@@ -66,8 +68,10 @@ class Recipe:
 
     def __init__(self, spec: RecipeSpec) -> None:
         self.spec = spec
-        self.horizon = Horizon(spec.n_params, spec.tokens_per_param, spec.tokens_per_reference_step)
-        self.schedule = spec.schedule.build(self.horizon.steps_per_chinchilla)
+        self.token_clock = TokenClock(
+            spec.n_params, spec.tokens_per_param, spec.tokens_per_reference_step
+        )
+        self.schedule = spec.schedule.build(self.token_clock.steps_per_chinchilla)
         self._optimizers: list[torch.optim.Optimizer] = []
 
     @property
@@ -79,9 +83,14 @@ class Recipe:
         """The EMA fraction whose loss the sweep optimized: evaluate with this one."""
         return float(self.spec.ema.objective)  # a number: `RecipeSpec` refuses `best`
 
+    @property
+    def horizon(self) -> TokenClock:
+        """The token clock under its name before 2026-12 (`token_clock`)."""
+        return self.token_clock
+
     def clock(self, tokens: float) -> float:
         """t, in reference steps, after `tokens` tokens."""
-        return self.horizon.steps(tokens)
+        return self.token_clock.steps(tokens)
 
     def lr_multiplier(self, t: float) -> float:
         return self.schedule(t)

@@ -1,18 +1,46 @@
-"""Fixtures shared across test modules."""
+"""The two tiers, the order they run in, and where the shared helpers are found.
+
+tests/unit: no Ray, no process kills, no multi-process gloo runs (`make test-fast`).
+tests/integration: Ray sweeps, kills and gloo ranks, each test marked `slow` (pytest-xdist
+ordering and grouping go by marks, so a test's folder and its mark must agree).
+
+The shared helper modules (helpers.py, sweeps.py, windows.py) and data/ lie here, beside the
+tiers, and are imported by their plain names: this folder is put on sys.path here, before any
+test module is imported, so that holds whatever the import mode, and in the processes
+`run_ranks` spawns (they start with the parent's sys.path). Test modules have no __init__.py;
+pytest imports each by its basename, so basenames are unique across the tree."""
+
+import sys
+from pathlib import Path
 
 import pytest
-from sweeps import FinishedSweep, finish_a_killed_sweep
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+#: tier folder -> whether its tests carry the `slow` mark.
+SLOW_IN = {"unit": False, "integration": True}
 
 
-@pytest.fixture(scope="session")
-def finished_sweep(tmp_path_factory) -> FinishedSweep:
-    """One real sweep for every test that reads or damages a finished one (each copies it).
-    Its tests carry `sweeps.SHARES_THE_FINISHED_SWEEP`, so pytest-xdist (`--dist loadgroup`) runs
-    them in one worker and the sweep is made once."""
-    return finish_a_killed_sweep(tmp_path_factory.mktemp("finished"))
+def misplaced(item: pytest.Item) -> str | None:
+    """Why `item` is in the wrong tier for its mark, or None."""
+    where = Path(str(item.path)).resolve().relative_to(TESTS).parts[0]
+    slow = item.get_closest_marker("slow") is not None
+    if where not in SLOW_IN:
+        return "outside tests/unit and tests/integration"
+    if slow != SLOW_IN[where]:
+        return f"in tests/{where} but {'' if slow else 'not '}marked slow"
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The multi-process and Ray tests first, so that two pytest-xdist workers share them from
     the start and the quick tests fill in at the end (collection order is file order)."""
+    wrong = [f"{item.nodeid}: {why}" for item in items if (why := misplaced(item))]
+    if wrong:
+        raise pytest.UsageError(
+            "tests in the wrong tier (slow tests go under tests/integration, the others under "
+            "tests/unit):\n  " + "\n  ".join(wrong)
+        )
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,42 +1,64 @@
-"""Shared test utilities: run a function on N real gloo ranks, write configs."""
+"""Shared test utilities: run a function on N real gloo ranks, write configs and recipes."""
 
 from __future__ import annotations
 
-import os
-import traceback
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-import torch.multiprocessing as mp
+import torch
 import yaml
 
-from schedule_search.launch import free_port
+from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, write_recipe
+from schedule_search.train import launch
+from schedule_search.train.config import TrainConfig
+
+#: The repository (README.md, search_spaces/, schedule_search/) and the tests' data files.
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
 
 
-def _entry(rank: int, world: int, port: int, fn: Any, args: tuple, results: Any) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        results[rank] = fn(rank, world, *args)
-    except BaseException:
-        results[rank] = RuntimeError(traceback.format_exc())
-        raise
-    finally:
-        dist.destroy_process_group()
+def _single_threaded(rank: int, world: int, fn: Any, *args: Any) -> Any:
+    torch.set_num_threads(1)  # two ranks on two cores: no oversubscription
+    return fn(rank, world, *args)
 
 
 def run_ranks(fn: Any, world: int, *args: Any) -> list[Any]:
-    """Run `fn(rank, world, *args)` in `world` spawned gloo processes; return their results."""
-    context = mp.get_context("spawn")
-    with context.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_entry, args=(world, free_port(), fn, args, results), nprocs=world, join=True)
-        return [results[r] for r in range(world)]
+    """Run `fn(rank, world, *args)` in `world` spawned gloo processes, one thread each; return
+    their results by rank (the package's own launcher)."""
+    return launch.run_ranks(_single_threaded, world, fn, *args)
 
 
 def write_config(path: Path, config: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(config))
+    return path
+
+
+#: A recipe file's contents that load (the fuzzers edit it; test_export breaks it).
+GOOD_RECIPE = {
+    "format": 1,
+    "optimizer": {"name": "adamw", "lr": 0.003},
+    "schedule": {"kind": "poly", "gamma": 0.5, "alpha": 0.05, "warmup": 0.05},
+    "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
+    "window": {"policy": "microbatches", "microbatches": 2},
+    "n_params": 1000,
+    "tokens_per_param": 20.0,
+    "tokens_per_reference_step": 100.0,
+}
+
+
+def recipe_file(path, n_params: int, tokens_per_reference_step: float, microbatches: int = 1):
+    """A recipe of the default training config, written as `export` writes one."""
+    config = TrainConfig()
+    config.window.microbatches = microbatches
+    spec = RecipeSpec(
+        format=RECIPE_FORMAT,
+        optimizer=config.optimizer,
+        schedule=config.schedule,
+        ema=config.ema,
+        window=config.window,
+        n_params=n_params,
+        tokens_per_param=20.0,
+        tokens_per_reference_step=tokens_per_reference_step,
+    )
+    write_recipe(path, spec)
     return path

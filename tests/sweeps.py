@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from schedule_search.experiment import Experiment
+from schedule_search.sweep.experiment import Experiment
 
 SPACE = {
     "name": "lin",

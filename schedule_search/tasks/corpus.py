@@ -18,7 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
-from schedule_search.config import ConfigError
+from schedule_search.core.config import ConfigError
+
+__all__ = [
+    "BLOCK",
+    "HELD_OUT_EVERY",
+    "Corpus",
+    "Pieces",
+    "embedded",
+    "load",
+    "stdlib_files",
+    "unigram_entropy",
+]
 
 BLOCK = 1 << 16
 HELD_OUT_EVERY = 10

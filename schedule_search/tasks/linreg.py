@@ -15,8 +15,10 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import Field
 
-from schedule_search.config import STRICT, parse
-from schedule_search.tasks import Microbatch, seeded_generator
+from schedule_search.core.config import STRICT, parse
+from schedule_search.tasks.protocol import Microbatch, seeded_generator
+
+__all__ = ["LinregConfig", "LinregTask", "build"]
 
 
 @dataclass

@@ -11,20 +11,20 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from schedule_search.config import STRICT, ConfigError, InputWarning, parse
-from schedule_search.tasks import Microbatch, corpus, seeded_generator
+from schedule_search.core.config import STRICT, ConfigError, InputWarning, PositiveInt, parse
+from schedule_search.tasks import corpus
+from schedule_search.tasks.protocol import Microbatch, seeded_generator
+
+__all__ = ["FEW_MICROBATCHES", "Block", "TinyLM", "TinyLMConfig", "TinyLMTask", "build"]
 
 #: Fewer training tokens than this many micro-batches: every window sees the same text.
 FEW_MICROBATCHES = 4
-
-PositiveInt = Annotated[int, Field(gt=0)]
 
 
 @dataclass

@@ -1,0 +1,78 @@
+"""Files that readers never see half-written, and line logs that survive a kill.
+
+Every record a sweep or run leaves (configs, histories, tables, recipes, checkpoints) is
+written under a temporary name and renamed into place. Append-only logs (`*.jsonl`) are read
+back skipping a last line cut short by a kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["append_jsonl", "as_if_created", "atomic_write_bytes", "atomic_write_text", "read_jsonl"]
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: Read once, at import: temporary files are created private (0600, 0700), so what is renamed
+#: into place is given the mode an ordinary write would have (teammates on a shared --storage
+#: read recipes, tables and plots as the umask allows).
+UMASK = _current_umask()
+
+
+def as_if_created(path: str | Path, folder: bool = False) -> None:
+    os.chmod(path, (0o777 if folder else 0o666) & ~UMASK)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        as_if_created(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line (the folder is made if needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(
+    path: Path, keep: Callable[[dict[str, Any]], bool] = lambda record: True
+) -> list[dict[str, Any]]:
+    """The records of a JSON-lines log that `keep` accepts; a line cut short by a kill (or any
+    line that is not a JSON object) is skipped. A missing file is an empty log."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and keep(record):
+            records.append(record)
+    return records

@@ -1,0 +1,346 @@
+"""The transfer's table, JSON and plots (matplotlib, headless).
+
+Every row is scored by its own protocol (the recipe with its EMA fraction, constant + EMA with
+the best of its bank, schedule-free AdamW at its averaged weights, WSD and the envelopes at the
+last iterate) and compared with two envelopes computed from the same runs: the paper's (each
+cosine or linear-to-zero run at its last iterate) and one where every run counts with the best
+member of its EMA bank. `transfer.json` keeps every run's loss at every horizon it reached.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from schedule_search.core.config import parse
+from schedule_search.core.files import atomic_write_text
+from schedule_search.report.figures import plt, save_figure
+from schedule_search.train.config import TrainConfig
+from schedule_search.transfer.plan import (
+    WSD,
+    History,
+    TransferStudy,
+    at_horizon,
+    best_of_bank,
+    last_iterate,
+)
+
+__all__ = ["run_table", "transfer_table", "write_transfer_report"]
+
+
+def _value(history: History, horizon: float, score: str | float) -> float:
+    """A run's loss at `horizon`: its last iterate (`last`), its bank's best member (`ema`),
+    or the member of EMA fraction `score`."""
+    row = at_horizon(history, horizon)
+    if row is None:
+        return math.nan
+    if score == "last":
+        return last_iterate(row)
+    if score == "ema":
+        return best_of_bank(row)[0]
+    return row.loss_at(float(score))
+
+
+def _envelope(
+    study: TransferStudy, kind: str, runs: dict[str, History], score: str
+) -> dict[float, tuple[float, str | None, bool]]:
+    """horizon -> (best loss, its run, whether that best is interior in its grid)."""
+    out: dict[float, tuple[float, str | None, bool]] = {}
+    for h in study.horizons:
+        spec = study.grid(kind, h, runs)
+        if spec is None:
+            out[h] = (math.nan, None, False)
+            continue
+        losses = {
+            spec.run_name(lr): loss
+            for lr, loss in spec.losses(runs, score).items()
+            if math.isfinite(loss)
+        }
+        if not losses:
+            out[h] = (math.nan, None, False)
+            continue
+        best = min(losses, key=lambda run: losses[run])
+        out[h] = (losses[best], best, spec.state(runs, score).interior)
+    return out
+
+
+def _merged(first: History, then: History, upto: float) -> History:
+    return [r for r in first if r.chinchilla <= upto + 1e-9] + then
+
+
+Row = dict[str, Any]
+
+
+def _row(loss: dict[float, float], compute: float, note: str = "") -> Row:
+    return {"loss": loss, "compute": compute, "note": note}
+
+
+def _recipe_row(study: TransferStudy, runs: dict[str, History], sweep_history: History) -> tuple:
+    """The recipe, scored with its own EMA fraction; before the continuation its history is
+    the sweep trial's."""
+    history, compute, label = runs["recipe"], study.top, "recipe (anytime + EMA)"
+    note = f"EMA fraction {study.recipe_fraction:g}"
+    if study.continue_from is not None and sweep_history:
+        history = _merged(sweep_history, history, study.sweep_horizon)
+        compute = study.top - study.sweep_horizon
+        label = f"recipe (continued from trial {study.continued_trial} at {study.sweep_horizon:g}x)"
+        note += f"; {study.sweep_horizon:g}x of compute saved by continuing"
+    return label, _row(
+        {h: _value(history, h, study.recipe_fraction) for h in study.horizons}, compute, note
+    )
+
+
+def _method_rows(
+    study: TransferStudy, runs: dict[str, History], sweep_history: History
+) -> dict[str, Row]:
+    """The recipe and what a practitioner would run instead, each by its own protocol."""
+    horizons, rows = study.horizons, {}
+    if "recipe" in runs:
+        label, row = _recipe_row(study, runs, sweep_history)
+        rows[label] = row
+    if "constant" in runs:
+        loss = {h: _value(runs["constant"], h, "ema") for h in horizons}
+        rows["constant + EMA (best of bank)"] = _row(loss, study.top)
+    spec = study.schedulefree_grid()
+    best = spec.state(runs).best_lr if "schedulefree" in study.methods else None
+    if best is not None:
+        history = _merged(runs[spec.run_name(best)], runs.get("schedulefree", []), spec.horizon)
+        grid = [n for n in runs if spec.lr_of(n) is not None]
+        rows[f"schedule-free AdamW (averaged weights, LR {best:.3g})"] = _row(
+            {h: _value(history, h, "last") for h in horizons},
+            spec.horizon * len(grid) + max(0.0, study.top - spec.horizon),
+            f"LR picked at {spec.horizon:g}x from {len(grid)} runs",
+        )
+    for prefix, (share, cooldown, floor) in WSD.items():
+        names = {h: f"{prefix}-{h:g}x" for h in horizons}
+        if any(n in runs for n in names.values()):
+            shape = "1 - sqrt" if cooldown == "sqrt" else "linear"
+            rows[f"WSD, {shape} to {floor:g} over the last {share:.0%} (last iterate)"] = _row(
+                {h: _value(runs.get(n, []), h, "last") for h, n in names.items()},
+                sum(share * h for h in horizons),
+                "branches of the constant run (its compute not counted again)",
+            )
+    return rows
+
+
+def _reference_rows(
+    study: TransferStudy, runs: dict[str, History], envelopes: dict
+) -> dict[str, Row]:
+    """The envelopes (and the cosine tuned for the largest horizon)."""
+    horizons, rows = study.horizons, {}
+    for kind, scores in envelopes.items():
+        compute = sum(h for n in runs for h in horizons if n.startswith(f"{kind}-{h:g}x-"))
+        name = "cosine" if kind == "cosine" else "linear-to-zero"
+        rows[f"{name} envelope (last iterate)"] = _row(_losses(scores["last"]), compute)
+        best_top = scores["last"][study.top][1]
+        if kind == "cosine" and best_top is not None:
+            tuned = {h: _value(runs[best_top], h, "last") for h in horizons}
+            rows[f"cosine tuned for {study.top:g}x (last iterate)"] = _row(
+                tuned, study.top, best_top
+            )
+    if envelopes:
+        rows["envelope (best of both, last iterate)"] = _row(
+            _best_of(envelopes, "last", horizons), 0.0, "the rows above"
+        )
+        rows["envelope with EMA (each run's best EMA)"] = _row(
+            _best_of(envelopes, "ema", horizons), 0.0, "the same runs"
+        )
+    return rows
+
+
+def transfer_table(
+    study: TransferStudy, runs: dict[str, History], sweep_history: History | None = None
+) -> dict[str, Any]:
+    """Rows of loss per horizon with their gaps to both envelopes, the compute of each row,
+    and the envelopes' runs and grid marks."""
+    horizons = study.horizons
+    envelopes = {
+        kind: {score: _envelope(study, kind, runs, score) for score in ("last", "ema")}
+        for kind in ("cosine", "linear")
+        if kind in study.methods
+    }
+    rows = _method_rows(study, runs, sweep_history or []) | _reference_rows(study, runs, envelopes)
+    both_last = _best_of(envelopes, "last", horizons)
+    both_ema = _best_of(envelopes, "ema", horizons)
+    for row in rows.values():
+        row["gap_last"] = {h: row["loss"][h] - both_last[h] for h in horizons}
+        row["gap_ema"] = {h: row["loss"][h] - both_ema[h] for h in horizons}
+    return {
+        "horizons": horizons,
+        "rows": {label: _keyed(row) for label, row in rows.items()},
+        "envelope_runs": {
+            kind: {
+                score: {f"{h:g}": {"run": r, "interior": i} for h, (_, r, i) in by_h.items()}
+                for score, by_h in scores.items()
+            }
+            for kind, scores in envelopes.items()
+        },
+    }
+
+
+def _losses(envelope: dict[float, tuple[float, str | None, bool]]) -> dict[float, float]:
+    return {h: loss for h, (loss, _, _) in envelope.items()}
+
+
+def _best_of(envelopes: dict, score: str, horizons: list[float]) -> dict[float, float]:
+    out = {}
+    for h in horizons:
+        values = [e[score][h][0] for e in envelopes.values() if math.isfinite(e[score][h][0])]
+        out[h] = min(values) if values else math.nan
+    return out
+
+
+def _keyed(row: dict[str, Any]) -> dict[str, Any]:
+    """Horizons as JSON keys ('4', '8', ...)."""
+    return {
+        k: {f"{h:g}": v for h, v in value.items()} if isinstance(value, dict) else value
+        for k, value in row.items()
+    }
+
+
+def run_table(runs: dict[str, Any], study: TransferStudy) -> dict[str, Any]:
+    """Every run: where it lies, its schedule and LR, its compute, and its loss at every
+    horizon it reached (objective, last iterate, best EMA and which)."""
+    out = {}
+    for name, record in runs.items():
+        config = record.config
+        start = 0.0
+        if config.get("branch_from"):
+            schedule = config["schedule"]
+            start = (
+                (1 - schedule["decay_fraction"]) * config["budget"]["horizon"]
+                if schedule["kind"] == "wsd"
+                else study.sweep_horizon
+            )
+        losses = {}
+        for row in record.history:
+            best, frac = best_of_bank(row)
+            losses[f"{row.chinchilla:g}"] = {
+                "objective": row.val_loss,
+                "last_iterate": last_iterate(row),
+                "best_ema": best,
+                "best_ema_fraction": frac,
+            }
+        out[name] = {
+            "where": record.where,
+            "optimizer": config.get("optimizer", {}).get("name"),
+            "lr": config.get("optimizer", {}).get("lr"),
+            "schedule": config.get("schedule"),
+            "branch_from": config.get("branch_from"),
+            "compute": config.get("budget", {}).get("horizon", 0.0) - start,
+            "losses": losses,
+        }
+    return out
+
+
+def _markdown(table: dict[str, Any]) -> str:
+    horizons = [f"{h:g}" for h in table["horizons"]]
+    marks = _edge_marks(table)
+    lines = [
+        "| method | "
+        + " | ".join(f"{h}x loss (gap: last iterate / EMA)" for h in horizons)
+        + " | compute (Chinchilla multiples) |",
+        "| --- | " + " | ".join("---" for _ in horizons) + " | --- |",
+    ]
+    for label, row in table["rows"].items():
+        cells = []
+        for h in horizons:
+            loss = row["loss"][h]
+            if not math.isfinite(loss):
+                cells.append("n/a")
+                continue
+            mark = marks.get((label, h), "")
+            cells.append(f"{loss:.4f}{mark} ({row['gap_last'][h]:+.4f} / {row['gap_ema'][h]:+.4f})")
+        compute = f"{row['compute']:g}" if row["compute"] else "-"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {compute} |")
+    if marks:
+        lines += ["", "\\* the best LR of this grid is at an edge the bound would not move."]
+    return "\n".join(lines) + "\n"
+
+
+def _edge_marks(table: dict[str, Any]) -> dict[tuple[str, str], str]:
+    marks = {}
+    for kind, scores in table["envelope_runs"].items():
+        name = "cosine" if kind == "cosine" else "linear-to-zero"
+        for h, best in scores["last"].items():
+            if best["run"] is not None and not best["interior"]:
+                marks[(f"{name} envelope (last iterate)", h)] = "*"
+    return marks
+
+
+def write_transfer_report(
+    root: Path, study: TransferStudy, records: dict[str, Any], sweep_history: History
+) -> dict[str, Any]:
+    runs = {name: record.history for name, record in records.items()}
+    table = transfer_table(study, runs, sweep_history)
+    table["runs"] = run_table(records, study)
+    atomic_write_text(root / "transfer.json", json.dumps(table, indent=1))
+    atomic_write_text(
+        root / "transfer.md",
+        "# Transfer: validation loss per horizon, (gap to the envelope at the last iterate / "
+        "with each run's best EMA)\n\n" + _markdown(table),
+    )
+    _plot_losses(root / "loss_vs_tokens.png", study, runs, table)
+    _plot_lrs(root / "lr_curves.png", study, records)
+    return table
+
+
+def _plot_losses(path: Path, study: TransferStudy, runs: dict[str, History], table: dict) -> None:
+    figure, axis = plt.subplots(figsize=(8, 5))
+    tokens_at = {}
+    for history in runs.values():
+        for row in history:
+            tokens_at[row.chinchilla] = row.tokens
+    for label, row in table["rows"].items():
+        points = [
+            (tokens_at[h], row["loss"][f"{h:g}"])
+            for h in study.horizons
+            if h in tokens_at and math.isfinite(row["loss"][f"{h:g}"])
+        ]
+        if not points:
+            continue
+        style = "k*--" if label.startswith("envelope") else "o-"
+        axis.plot(*zip(*points, strict=True), style, label=label, markersize=6)
+    for name, history in runs.items():
+        if name.startswith(("cosine-", "linear-")) and history:
+            axis.plot(
+                [r.tokens for r in history],
+                [last_iterate(r) for r in history],
+                color="grey",
+                alpha=0.25,
+                linewidth=1,
+            )
+    axis.set_xscale("log")
+    axis.set_xlabel("tokens")
+    axis.set_ylabel("validation loss")
+    axis.legend(fontsize=7)
+    axis.grid(alpha=0.3)
+    save_figure(figure, path)
+
+
+def _plot_lrs(path: Path, study: TransferStudy, records: dict[str, Any]) -> None:
+    top = study.top
+    grid = [top * i / 400 for i in range(401)]
+    figure, axis = plt.subplots(figsize=(8, 4))
+    shown = {"recipe": "recipe", "constant": "constant"}
+    for name, label in shown.items():
+        if name in records:
+            parsed = parse(TrainConfig, records[name].config, label)
+            schedule = parsed.schedule.build(1.0)  # t in Chinchilla multiples
+            axis.plot(grid, [parsed.optimizer.lr * schedule(t) for t in grid], label=label)
+    for kind in ("cosine", "linear"):
+        spec = study.grid(kind, top, {n: r.history for n, r in records.items()})
+        best = spec.state({n: r.history for n, r in records.items()}).best_lr if spec else None
+        if spec is not None and best is not None and spec.run_name(best) in records:
+            parsed = parse(TrainConfig, records[spec.run_name(best)].config, kind)
+            schedule = parsed.schedule.build(1.0)
+            axis.plot(
+                grid, [parsed.optimizer.lr * schedule(t) for t in grid], label=f"{kind} T={top:g}x"
+            )
+    axis.set_xlabel("Chinchilla multiple")
+    axis.set_ylabel("learning rate")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    save_figure(figure, path)

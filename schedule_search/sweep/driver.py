@@ -1,0 +1,140 @@
+"""The sweep: Ray Tune + OptunaSearch (TPE, seeded) + ASHA over Ray Train trials; resume.
+
+ASHA's clock is the Chinchilla multiple the trial has reached (`chinchilla`), which keeps
+rising across a resumed trial, unlike `training_iteration`. Trials reserve a `trial_slot`
+resource, so no more trials start than there are CPUs for their workers, and no trial waits
+forever for workers. The pieces: `trial` (what a trial runs), `recorder` (how it ended),
+`searcher` (what picks and stops trials), `ray_env` (the Ray it all runs on).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from ray import tune
+
+from schedule_search.core.config import ConfigError
+from schedule_search.core.interrupts import Interrupted, graceful_stop, quiet
+from schedule_search.sweep.experiment import Experiment, SweepSettings
+from schedule_search.sweep.facts import FACTS_FILE, read_facts, resolve_facts, write_facts
+from schedule_search.sweep.failures import FailFast, raise_if_trials_cannot_run
+from schedule_search.sweep.live_view import LiveView
+from schedule_search.sweep.optuna_study import write_optuna_mirror
+from schedule_search.sweep.ray_env import ray_session, trial_driver_resources
+from schedule_search.sweep.recorder import TrialRecorder
+from schedule_search.sweep.searcher import scheduler, searcher
+from schedule_search.sweep.space import load_space, trial_config
+from schedule_search.sweep.trial import SpaceTrials, run_trial
+from schedule_search.train.config import TrainConfig
+
+__all__ = ["run_tune", "sweep"]
+
+
+def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False) -> None:
+    """Run (or resume) the sweep in `experiment`, whose folder (space.yaml, sweep.json) the CLI
+    has laid out. The folder is wherever it is now: moved, copied or renamed since it was
+    launched, it is resumed and recorded there (`TrialRecorder.restoring_into`)."""
+    space = load_space(experiment.root / "space.yaml")
+    if not (experiment.root / FACTS_FILE).is_file():  # launched before facts.json existed
+        write_facts(experiment.root, resolve_facts(space, str(experiment.root / "space.yaml")))
+    facts = read_facts(experiment.root)
+    horizon = facts.horizon
+    tune_config = tune.TuneConfig(
+        search_alg=searcher(space),
+        scheduler=scheduler(space, horizon, facts.milestones),
+        num_samples=settings.samples,
+        max_concurrent_trials=settings.concurrency,
+    )
+    resolve = SpaceTrials(space, str(experiment.root / "space.yaml"))
+    experiment.log_driver("started", resume=resume)
+    with ray_session(settings, trial_config(space, {}).task):
+        progress = LiveView(
+            settings.samples, settings.samples * horizon, lambda params: (0.0, horizon)
+        )
+        run_tune(experiment, settings, resolve, tune_config, None, progress, resume)
+    experiment.log_driver("ended")
+    experiment.write_table()
+    write_optuna_mirror(experiment, space)
+
+
+def _known_trial_ids(experiment: Experiment) -> set[str]:
+    """Trial ids in Tune's newest experiment snapshot (each trial is a JSON string in it).
+    A damaged snapshot, or a damaged searcher state beside it, is a ConfigError: Tune would
+    print a traceback, and for the searcher's state hang."""
+    states = sorted(experiment.tune_dir.glob("experiment_state-*.json"))
+    if not states:
+        return set()
+    advice = (
+        "Tune cannot resume from it; put back a copy of the tune/ folder, or start the space "
+        "again under a new --name (trials/ keeps every finished trial's records)"
+    )
+    try:
+        snapshot = json.loads(states[-1].read_text())
+        known = {json.loads(entry[0])["trial_id"] for entry in snapshot["trial_data"]}
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        raise ConfigError(f"{states[-1]}: damaged ({err.__class__.__name__}); {advice}") from None
+    for state in experiment.tune_dir.glob("searcher-state-*.pkl"):
+        try:
+            with open(state, "rb") as handle:
+                pickle.load(handle)
+        except Exception as err:  # whatever unpickling garbage raises
+            raise ConfigError(f"{state}: damaged ({err.__class__.__name__}); {advice}") from None
+    return known
+
+
+def run_tune(
+    experiment: Experiment,
+    settings: SweepSettings,
+    resolve: Callable[[dict[str, Any], str], TrainConfig],
+    tune_config: tune.TuneConfig,
+    param_space: dict[str, Any] | None,
+    progress: LiveView,
+    resume: bool,
+) -> None:
+    """Run (or restore and continue) one Tune experiment of core-trainer trials."""
+    driver = tune.with_parameters(
+        run_trial, settings=settings, resolve=resolve, root=str(experiment.root)
+    )
+    driver = tune.with_resources(driver, trial_driver_resources())
+    if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
+        orphans = experiment.reconcile(_known_trial_ids(experiment))
+        if orphans:
+            print(
+                f"moved aside {len(orphans)} trial(s) started after Tune's last snapshot: "
+                f"{', '.join(orphans)} (in trials/.orphaned/; their work is resumed if "
+                "their config is suggested again)",
+                flush=True,
+            )
+        TrialRecorder.restoring_into = experiment
+        try:
+            tuner = tune.Tuner.restore(
+                str(experiment.tune_dir),
+                trainable=driver,
+                resume_unfinished=True,
+                resume_errored=True,
+            )
+        finally:
+            TrialRecorder.restoring_into = None
+    else:
+        fail_fast = FailFast()
+        tuner = tune.Tuner(
+            driver,
+            param_space=param_space,
+            tune_config=tune_config,
+            run_config=tune.RunConfig(
+                name=experiment.tune_dir.name,
+                storage_path=str(experiment.root),
+                failure_config=tune.FailureConfig(max_failures=settings.max_failures),
+                callbacks=[TrialRecorder(experiment, progress, fail_fast)],
+                stop=fail_fast,
+                verbose=0,
+            ),
+        )
+    with graceful_stop() as stop, quiet("ray.tune"):
+        tuner.fit()
+    if stop.number is not None:
+        raise Interrupted(stop.number)
+    raise_if_trials_cannot_run(experiment)

@@ -1,0 +1,42 @@
+"""One driver per experiment: `sweep`, `resume` and `transfer` hold an exclusive lock on
+`runs/<name>/.lock` while they run. It is an flock, so the kernel drops it when its process
+dies, SIGKILL included: a dead driver never blocks a resume."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from schedule_search.core.config import ConfigError
+
+__all__ = ["experiment_lock"]
+
+
+@contextlib.contextmanager
+def experiment_lock(root: Path, verb: str) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / ".lock"
+    handle = open(path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(
+            f"{root}: already running ({holder}); wait for it to end or stop it first"
+        ) from None
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"`{verb}` by pid {os.getpid()} since {now}")
+    handle.flush()
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()

@@ -1,0 +1,109 @@
+"""The Ray a sweep runs on: a local one it starts (and always shuts down), or a cluster it
+connects to, with the environment both need set where Ray starts, never at import."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from schedule_search.sweep.experiment import SweepSettings
+from schedule_search.tasks.registry import task_code
+from schedule_search.train.launch import free_port
+
+__all__ = [
+    "DRIVER_ENVIRONMENT",
+    "LOCAL_ENVIRONMENT",
+    "ray_environment",
+    "ray_session",
+    "trial_driver_resources",
+]
+
+
+#: Set (unless the user set them) before Ray starts or is connected to. Tune reads the first
+#: two; Ray Train's controllers read the next two, and Tune passes them on to its trials, on a
+#: cluster too. A snapshot every second so a killed driver forgets as little as possible.
+DRIVER_ENVIRONMENT = {
+    "TUNE_GLOBAL_CHECKPOINT_S": "1",
+    "RAY_AIR_NEW_OUTPUT": "0",  # Tune's classic reporter; the live view is ours
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # reports are not delayed by 2 s polls
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_CHDIR_TO_TRIAL_DIR": "0",  # trials keep the driver's working directory
+}
+#: Only for the Ray a sweep starts itself: a private instance on 127.0.0.1 needs no token. A
+#: cluster's authentication is the cluster's: left as it is.
+LOCAL_ENVIRONMENT = {"RAY_AUTH_MODE": "disabled"}
+
+
+def ray_environment(address: str | None) -> dict[str, str]:
+    """The variables a sweep sets before Ray starts (`address` None) or is connected to."""
+    return DRIVER_ENVIRONMENT | ({} if address else LOCAL_ENVIRONMENT)
+
+
+def _init_ray(settings: SweepSettings, code: Path | None) -> None:
+    for name, value in ray_environment(settings.address).items():
+        os.environ.setdefault(name, value)
+    if settings.address:
+        # A cluster's workers have neither the driver's PYTHONPATH nor its working directory:
+        # the user's task module travels with the job.
+        ray.init(
+            address=settings.address,
+            runtime_env={"py_modules": [str(code)]} if code else None,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    else:
+        ray.init(
+            address="local",  # a new Ray of its own, even beside a `ray start` cluster here
+            num_cpus=os.cpu_count(),
+            resources={"trial_slot": settings.concurrency},
+            dashboard_port=_pin_state_api(),
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+
+
+def _pin_state_api() -> int:
+    """A port for the local Ray's dashboard, named to every process of that Ray.
+
+    Ray Train's placement-group cleaner asks the State API (the dashboard) whether a trial's
+    controller is dead, and finds it by auto-detecting "the" local Ray: with a second Ray on
+    the machine that lookup raises, the cleaner's thread dies, and a trial stopped early never
+    frees its workers (the sweep then waits forever). Naming the API server in the
+    environment the local Ray's processes inherit (`RAY_API_SERVER_ADDRESS`, which the
+    lookup reads first) keeps each Ray's cleaner on its own Ray.
+    """
+    port = free_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    return port
+
+
+def trial_driver_resources() -> dict[str, float]:
+    """What a trial's driver (not its workers) reserves. Tune refuses a trial of no resources:
+    a local Ray is started with `trial_slot` resources (one per concurrent trial); a cluster
+    that declares them (`ray start --resources '{"trial_slot": K}'`) is used the same way, and
+    on one that does not, a trial reserves a hundredth of a CPU."""
+    if ray.cluster_resources().get("trial_slot", 0) >= 1:
+        return {"cpu": 0, "trial_slot": 1}
+    return {"cpu": 0.01}
+
+
+@contextlib.contextmanager
+def ray_session(settings: SweepSettings, task: dict[str, Any]) -> Iterator[None]:
+    """A local Ray (or a connection to the cluster at `settings.address`, which is sent the
+    code of the user's `task`), always shut down."""
+    pinned = os.environ.get("RAY_API_SERVER_ADDRESS")
+    _init_ray(settings, task_code(task))
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if pinned is None:
+            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+        else:
+            os.environ["RAY_API_SERVER_ADDRESS"] = pinned

@@ -1,0 +1,90 @@
+"""Where a run stands, and the checkpoint that lets it resume exactly: weights, optimizer,
+EMA bank, window (token clock), data position and every rank's RNG, taken at a window
+boundary."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from schedule_search.core.averaging import EmaBank
+from schedule_search.core.states import State
+from schedule_search.core.window import WindowAccumulator
+
+__all__ = ["CHECKPOINT_FORMAT", "Progress", "TrainResult", "Trainee", "restore", "snapshot"]
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class Progress:
+    """Where the run stands; saved in every checkpoint."""
+
+    microbatches: int = 0  # data position: micro-batches drawn per rank so far
+    milestone: int = 0  # index of the next evaluation point
+    wall_s: float = 0.0  # wall-clock seconds spent, summed over resumed runs
+    eval_s: float = 0.0  # of which in evaluation, checkpoints and reports
+    history: list[dict[str, Any]] = field(default_factory=list)  # `Evaluation.to_metrics()`s
+    status: State = State.RUNNING
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        self.status = State(self.status)
+
+
+@dataclass
+class TrainResult:
+    status: State
+    history: list[dict[str, Any]]
+    reason: str = ""
+
+    @property
+    def final(self) -> dict[str, Any]:
+        return self.history[-1] if self.history else {}
+
+
+@dataclass
+class Trainee:
+    """What a checkpoint holds the state of."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    window: WindowAccumulator
+    ema: EmaBank
+
+
+def snapshot(trainee: Trainee, progress: Progress, rank: int, world_size: int) -> dict[str, Any]:
+    """Everything a resumed run needs, with the RNG states of all ranks (a collective)."""
+    rng: list[Any] = [torch.get_rng_state()]
+    if world_size > 1:
+        rng = [None] * world_size
+        dist.all_gather_object(rng, torch.get_rng_state())
+    saved = asdict(progress)
+    saved["status"] = str(progress.status)
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model": trainee.model.state_dict(),
+        "optimizer": trainee.optimizer.state_dict(),
+        "ema": trainee.ema.state_dict(),
+        "window": trainee.window.state_dict(),
+        "progress": saved,
+        "rng": rng,
+        "world_size": world_size,
+    }
+
+
+def restore(state: dict[str, Any], trainee: Trainee, rank: int, world_size: int) -> Progress:
+    """Load a snapshot into `trainee`; this rank's RNG comes back when the world size is the
+    one it was saved with."""
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
+    trainee.model.load_state_dict(state["model"])
+    trainee.optimizer.load_state_dict(state["optimizer"])
+    trainee.ema.load_state_dict(state["ema"])
+    trainee.window.load_state_dict(state["window"])
+    if state["world_size"] == world_size:
+        torch.set_rng_state(state["rng"][rank])
+    return Progress(**state["progress"])

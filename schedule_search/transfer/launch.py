@@ -1,0 +1,60 @@
+"""How a transfer is launched: the command line's choices, or, when a transfer is being
+resumed, those it was launched with (`transfer/plan.json`), and a refusal when the two would
+change its runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from schedule_search.core.config import ConfigError
+from schedule_search.sweep.experiment import Experiment, SweepSettings
+from schedule_search.transfer.plan import METHODS
+from schedule_search.transfer.run import build_study, transfer_base
+
+__all__ = ["DEFAULT_MULTIPLES", "TransferLaunch", "plan_launch"]
+
+DEFAULT_MULTIPLES = [8.0, 16.0, 32.0]
+
+
+@dataclass(frozen=True)
+class TransferLaunch:
+    settings: SweepSettings  # the sweep's, with the transfer's workers and concurrency
+    horizons: list[float]  # the sweep's horizon and the longer ones
+    methods: list[str]
+    resume: bool
+
+
+def plan_launch(
+    sweep: Experiment,
+    to: list[float] | None,
+    methods: list[str] | None,
+    workers: int | None,
+    concurrency: int | None,
+) -> TransferLaunch:
+    """Resolve and check a transfer's launch before Ray starts: every first run's config is
+    built, and a resumed transfer keeps what it was launched with unless a flag says
+    otherwise (a flag that would change its runs is a ConfigError)."""
+    settings = sweep.settings()
+    launched = sweep.root / "transfer" / "plan.json"
+    before = json.loads(launched.read_text()) if launched.exists() else {}
+    workers = workers or before.get("workers")
+    concurrency = concurrency or before.get("concurrency")
+    if workers:
+        settings = dataclasses.replace(settings, workers=workers)
+    if concurrency:
+        settings = dataclasses.replace(settings, concurrency=concurrency)
+    base, _ = transfer_base(sweep, settings.workers)
+    targets = to or before.get("to") or DEFAULT_MULTIPLES
+    horizons = sorted({base.budget.horizon, *targets})
+    methods = methods or before.get("methods") or list(METHODS)
+    build_study(sweep, settings, horizons, methods)
+    launched_as = (before.get("horizons"), set(before.get("methods", [])), before.get("workers"))
+    if before and launched_as != (horizons, set(methods), settings.workers):
+        raise ConfigError(
+            f"{launched.parent}: a transfer to {','.join(f'{h:g}' for h in before['horizons'])}x "
+            f"with {','.join(before['methods'])} on {before['workers']} workers is there; this "
+            "one would change its runs. Move that folder aside to run another"
+        )
+    return TransferLaunch(settings, horizons, methods, resume=launched.exists())

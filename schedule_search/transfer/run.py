@@ -1,0 +1,282 @@
+"""Transfer: run the exported recipe to longer horizons against the references a skeptic would
+pick (what runs: `transfer.plan`), round by round, and write the table.
+
+Each round is a Tune experiment of core-trainer trials (the sweep's own machinery) holding
+every run that can start given the runs finished before it: the first round trains the recipe
+(continued from the sweep's checkpoint), the constant trunk and the start points of the LR
+grids; later rounds extend grids whose best LR is at an edge, start linear-to-zero grids around
+cosine's best, branch WSD off the trunk and continue schedule-free AdamW's best LR. Rounds are
+decided from finished results only, so a killed transfer, run again, resumes the round it was in
+and decides the same rounds after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedule_search.core import checkpoint as ckpt
+from schedule_search.core.config import ConfigError, parse, to_dict
+from schedule_search.core.files import atomic_write_text
+from schedule_search.sweep.experiment import Experiment, SweepSettings
+from schedule_search.sweep.facts import read_facts
+from schedule_search.sweep.records import read_records
+from schedule_search.train.config import TrainConfig
+from schedule_search.transfer.plan import METHODS, History, TransferStudy
+
+__all__ = ["METHODS", "Unfinished", "build_study", "run_transfer", "transfer_base"]
+
+
+def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str, float]:
+    """The full training config of the trial the sweep exported (or would export), its id,
+    and the EMA fraction the recipe evaluates with."""
+    recipe_path = sweep.root / "recipe.yaml"
+    horizon = read_facts(sweep.root).horizon
+    if recipe_path.is_file():
+        from schedule_search.recipe import load_recipe
+
+        spec = load_recipe(recipe_path).spec
+        trial_id, fraction = spec.source["trial_id"], float(spec.ema.objective)
+    else:
+        best = sweep.best(horizon)
+        if best is None:
+            raise ConfigError(
+                f"{sweep.root}: no trial has reached the horizon; nothing to transfer"
+            )
+        trial_id, fraction = best.trial_id, float(best.ema_fraction)
+    record = sweep.read_trial_json(trial_id, "config.json")
+    if record is None:
+        raise ConfigError(f"{sweep.root}: trial {trial_id} of the recipe has no config.json")
+    return parse(TrainConfig, record["config"], f"trial {trial_id}"), trial_id, fraction
+
+
+def transfer_base(sweep: Experiment, workers: int) -> tuple[TrainConfig, str]:
+    """The recipe's config for runs on `workers` workers, scored with the recipe's EMA
+    fraction. A window of micro-batches is counted per rank, so on another number of workers
+    it is rescaled to keep the recipe's tokens per optimizer step (its batch size, which its LR
+    was tuned for)."""
+    base, trial_id, fraction = recipe_config(sweep)
+    tree = to_dict(base)
+    tree["ema"]["objective"] = fraction
+    tuned_on = sweep.settings().workers
+    if workers != tuned_on and base.window.policy == "microbatches":
+        total = base.window.microbatches * tuned_on
+        if total % workers:
+            raise ConfigError(
+                f"--workers {workers}: the recipe steps every {total} micro-batches "
+                f"({base.window.microbatches} per rank on {tuned_on} workers), which {workers} "
+                "workers cannot split evenly"
+            )
+        tree["window"]["microbatches"] = total // workers
+    return parse(TrainConfig, tree, f"trial {trial_id} on {workers} workers"), trial_id
+
+
+def continuation(sweep: Experiment, trial_id: str, base: TrainConfig, workers: int) -> str | None:
+    """The sweep trial's checkpoint at the sweep's horizon, when the recipe run can continue
+    from it: the same config (but for its budget and its objective), the same workers (so the
+    same tokens per step and the same micro-batches), and a checkpoint that got there."""
+    record = sweep.read_trial_json(trial_id, "config.json") or {}
+    history = read_records(sweep.trial_dir(trial_id)).history
+    if workers != sweep.settings().workers or not history or "config" not in record:
+        return None
+    ignored = {"budget", "checkpoint", "branch_from"}
+    trained, ours = (json.loads(json.dumps(tree)) for tree in (record["config"], to_dict(base)))
+    for tree in (trained, ours):
+        tree["ema"]["objective"] = None
+    if {k: v for k, v in trained.items() if k not in ignored} != {
+        k: v for k, v in ours.items() if k not in ignored
+    }:
+        return None
+    clock = history[-1].clock(base.budget.tokens_per_param)
+    needed = clock.tokens(read_facts(sweep.root).horizon)
+    folders = ckpt.checkpoint_folders(sweep.train_run_dir(trial_id))
+    reached = [f for f in folders if _tokens(f) >= needed]
+    return str(reached[0]) if reached else None
+
+
+def build_study(
+    sweep: Experiment, settings: SweepSettings, horizons: list[float], methods: list[str]
+) -> tuple[TransferStudy, str]:
+    """The transfer of the sweep's recipe to `horizons` on `settings.workers` workers."""
+    base, trial_id = transfer_base(sweep, settings.workers)
+    start = continuation(sweep, trial_id, base, settings.workers) if "recipe" in methods else None
+    study = TransferStudy(
+        base, horizons, methods, base.budget.horizon, start, trial_id if start else None
+    )
+    study.pending({}, lambda run, multiple: Path())  # every first-round config is valid
+    return study, trial_id
+
+
+def run_transfer(
+    sweep: Experiment,
+    settings: SweepSettings,
+    horizons: list[float],
+    methods: list[str],
+    resume: bool,
+) -> Path:
+    """Run (or resume) the transfer study of `sweep`; returns the folder of its results."""
+    from schedule_search.sweep.ray_env import ray_session
+
+    study, trial_id = build_study(sweep, settings, horizons, methods)
+    root = sweep.root / "transfer"
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(
+        root / "plan.json",
+        json.dumps(
+            {
+                "recipe_trial": trial_id,
+                "continued_from": study.continue_from,
+                "horizons": study.horizons,
+                "to": [h for h in study.horizons if h != study.sweep_horizon],
+                "methods": methods,
+                "workers": settings.workers,
+                "concurrency": settings.concurrency,
+            },
+            indent=1,
+        ),
+    )
+    with ray_session(settings, study.base.task):
+        records = _run_rounds(study, root, settings, resume)
+    from schedule_search.report.transfer import write_transfer_report
+
+    sweep_history = read_records(sweep.trial_dir(trial_id)).history
+    write_transfer_report(root, study, records, sweep_history)
+    return root
+
+
+def _run_rounds(
+    study: TransferStudy, root: Path, settings: SweepSettings, resume: bool
+) -> dict[str, RunRecord]:
+    """Every round until nothing is pending; what each run did."""
+    from ray import tune
+
+    from schedule_search.sweep.driver import run_tune
+
+    finished: dict[str, History] = {}
+    where: dict[str, tuple[Experiment, str]] = {}
+
+    def checkpoint_at(run: str, multiple: float) -> Path:
+        phase, trial = where[run]
+        tokens = finished[run][-1].clock(study.base.budget.tokens_per_param).tokens(multiple)
+        for folder in ckpt.checkpoint_folders(phase.train_run_dir(trial)):
+            if _tokens(folder) >= tokens:
+                return folder
+        raise RuntimeError(f"run {run} has no checkpoint at or after {multiple:g}x")
+
+    for number in itertools.count(1):
+        pending = study.pending(finished, checkpoint_at)
+        if not pending:
+            break
+        phase = Experiment(root / f"round{number}")
+        # Longest runs first: with runs in parallel, a long run started last would train alone.
+        names = sorted(pending, key=lambda n: (-_span(pending[n], study)[1], n))
+        if not _all_finished(phase, names):
+            run_tune(
+                phase,
+                settings,
+                PlannedRuns(pending),
+                tune.TuneConfig(max_concurrent_trials=settings.concurrency),
+                {"run": tune.grid_search(names)},
+                _live_view({n: _span(pending[n], study) for n in names}),
+                resume and phase.tune_dir.exists(),
+            )
+        _require_finished(phase, names)
+        for name, trial in run_names(phase).items():
+            finished[name] = read_records(phase.trial_dir(trial)).history
+            where[name] = (phase, trial)
+    return {
+        name: RunRecord(
+            history=finished[name],
+            config=(phase.read_trial_json(trial, "config.json") or {}).get("config", {}),
+            where=f"{phase.root.name}/{trial}",
+        )
+        for name, (phase, trial) in where.items()
+    }
+
+
+@dataclass
+class RunRecord:
+    """A finished transfer run: its evaluations, its training config, and where it lies
+    (`round<k>/<trial id>` under transfer/)."""
+
+    history: History
+    config: dict[str, Any]
+    where: str
+
+
+def _span(config: dict[str, Any], study: TransferStudy) -> tuple[float, float]:
+    """The Chinchilla multiples a run trains over: a branch or continuation starts where its
+    checkpoint is."""
+    end = config["budget"]["horizon"]
+    if config.get("branch_from") is None:
+        return 0.0, end
+    schedule = config["schedule"]
+    if schedule["kind"] == "wsd":
+        return (1 - schedule["decay_fraction"]) * end, end
+    return study.sweep_horizon, end
+
+
+def _tokens(folder: Path) -> int:
+    return int(folder.name.removeprefix(ckpt.PREFIX))
+
+
+class PlannedRuns:
+    """Resolves a transfer trial's `run` name into its config."""
+
+    def __init__(self, runs: dict[str, dict[str, Any]]) -> None:
+        self.runs = runs
+
+    def __call__(self, params: dict[str, Any], trial_id: str) -> TrainConfig:
+        return parse(TrainConfig, self.runs[params["run"]], f"transfer run {params['run']}")
+
+
+def run_names(transfer: Experiment) -> dict[str, str]:
+    """run name -> trial id, for runs that have a trial folder."""
+    names = {}
+    for trial_id in transfer.trial_ids():
+        params = (transfer.read_trial_json(trial_id, "config.json") or {}).get("params", {})
+        if "run" in params:
+            names[params["run"]] = trial_id
+    return names
+
+
+class Unfinished(Exception):
+    """The transfer stopped with runs unfinished (interrupted, or a run failed for good)."""
+
+
+def _unfinished(phase: Experiment, names: list[str]) -> list[str]:
+    """Runs of `names` without an ending recorded (a run still pending, killed before its
+    first evaluation, counts as unfinished too)."""
+    trial_ids = run_names(phase) if phase.root.exists() else {}
+    return [
+        n
+        for n in names
+        if n not in trial_ids or not phase.read_trial_json(trial_ids[n], "result.json")
+    ]
+
+
+def _all_finished(phase: Experiment, names: list[str]) -> bool:
+    return not _unfinished(phase, names)
+
+
+def _require_finished(phase: Experiment, names: list[str]) -> None:
+    """Tune returns on Ctrl-C too: go on to the next round or the report only when every run
+    of this one has ended."""
+    unfinished = _unfinished(phase, names)
+    if unfinished:
+        raise Unfinished(
+            f"{len(unfinished)} of {len(names)} runs of {phase.root.name} unfinished "
+            f"({', '.join(unfinished[:4])}{', ...' if len(unfinished) > 4 else ''})"
+        )
+
+
+def _live_view(spans: dict[str, tuple[float, float]]):
+    """The progress view of one round: its runs and the Chinchilla multiples each trains over."""
+    from schedule_search.sweep.live_view import LiveView
+
+    return LiveView(
+        len(spans), sum(end - start for start, end in spans.values()), lambda p: spans[p["run"]]
+    )

@@ -1,0 +1,120 @@
+"""A sweep on an existing multi-node Ray cluster: two Ray nodes on this machine (a head and a
+second raylet, as `ray start` makes them), the CLI connected with --address, storage on a path
+both nodes share. A trial's two workers cannot fit on one node, so they land on both."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from ray.cluster_utils import Cluster
+
+from schedule_search.sweep.experiment import Experiment
+from schedule_search.train.launch import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SPACE = {
+    "name": "multinode",
+    "samples": 2,
+    "seed": 0,
+    "scheduler": "fifo",
+    "base": {
+        "task": {"name": "linreg", "dim": 64, "batch": 16},
+        "optimizer": {"name": "sgd", "lr": 0.05},
+        "schedule": {"kind": "poly", "alpha": 0.05, "warmup": 0.05},
+        "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
+        "window": {"policy": "microbatches", "microbatches": 2},
+        "budget": {"horizon": 1.0, "eval_at": [0.5]},
+    },
+    "params": {"optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 0.3}},
+}
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    # One CPU a node: a trial of two 1-CPU workers needs both. The head declares one trial
+    # slot, as the README's `ray start --head --resources` does. Its dashboard gets a free
+    # port: another test's Ray may hold Ray's default one.
+    head = {
+        "num_cpus": 1,
+        "resources": {"trial_slot": 1},
+        "include_dashboard": True,
+        "dashboard_port": free_port(),
+    }
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def test_sweep_on_a_two_node_cluster_spreads_a_trials_workers(tmp_path, two_node_cluster):
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE))
+    storage = tmp_path / "shared"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedule_search.cli",
+            "sweep",
+            str(space),
+            "--workers",
+            "2",
+            "--storage",
+            str(storage),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "RAY_ADDRESS": two_node_cluster.address},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    experiment = Experiment(storage / "multinode")
+    assert json.loads((experiment.root / "sweep.json").read_text())["address"] == (
+        two_node_cluster.address
+    )
+    nodes = {node.node_id for node in [two_node_cluster.head_node, *two_node_cluster.worker_nodes]}
+    rows = experiment.rows()
+    assert len(rows) == 2 and all(r.state == "completed" for r in rows), rows
+    for trial_id in experiment.trial_ids():
+        placements = [
+            json.loads(path.read_text())
+            for path in sorted((experiment.trial_dir(trial_id) / "workers").glob("rank-*.json"))
+        ]
+        assert [p["rank"] for p in placements] == [0, 1]
+        assert {p["node_id"] for p in placements} == nodes, placements
+        assert {(p["device"], p["backend"]) for p in placements} == {("cpu", "gloo")}
+
+
+def test_a_local_sweep_beside_a_started_cluster_runs_on_a_ray_of_its_own(
+    tmp_path, two_node_cluster
+):
+    """`ray start` on this machine leaves a cluster that a plain `ray.init()` would join (and
+    refuse our CPU count for); a local sweep starts its own Ray instead."""
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE | {"samples": 1}))
+    storage = tmp_path / "local"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "schedule_search.cli", "sweep", str(space)]
+    done = subprocess.run(
+        [*command, "--workers", "1", "--storage", str(storage)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    experiment = Experiment(storage / "multinode")
+    assert json.loads((experiment.root / "sweep.json").read_text())["address"] is None
+    (trial_id,) = experiment.trial_ids()
+    placement = json.loads((experiment.trial_dir(trial_id) / "workers" / "rank-0.json").read_text())
+    cluster_nodes = {
+        n.node_id for n in [two_node_cluster.head_node, *two_node_cluster.worker_nodes]
+    }
+    assert placement["node_id"] not in cluster_nodes

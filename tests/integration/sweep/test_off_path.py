@@ -1,0 +1,291 @@
+"""States a user reaches off the happy path, on real sweeps (local Ray, real files, real
+signals): damaged records and Tune state are named in one line and never ranked, and Ctrl-C
+or SIGTERM stop a sweep that `resume` then completes."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from sweeps import SHARES_THE_FINISHED_SWEEP
+
+from schedule_search.cli import main
+from schedule_search.sweep.experiment import Experiment
+from schedule_search.train.launch import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SPACE = {
+    "name": "off",
+    "samples": 3,
+    "seed": 0,
+    "scheduler": "fifo",
+    "base": {
+        "task": {"name": "linreg", "dim": 64, "batch": 16},
+        "optimizer": {"name": "sgd", "lr": 0.05},
+        "window": {"policy": "microbatches", "microbatches": 2},
+        "budget": {"horizon": 2.0, "eval_at": [0.5, 1.0, 1.5]},
+    },
+    "params": {"optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 0.3}},
+    "points_to_evaluate": [{"optimizer.lr": 0.05}],
+}
+CLI = [sys.executable, "-m", "schedule_search.cli"]
+
+
+def sweep_command(tmp: Path, storage: Path, **changes) -> list[str]:
+    space = tmp / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE | changes))
+    return [*CLI, "sweep", str(space), "--workers", "1", "--storage", str(storage)]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+DAMAGE = {
+    "result.json cut short": ("result.json", lambda text: text[: len(text) // 2]),
+    "metrics.json random bytes": ("metrics.json", lambda text: os.urandom(200).hex()[:150]),
+    "metrics.json not a list": ("metrics.json", lambda text: '{"val_loss": 0.1}'),
+    "config.json garbage params": ("config.json", lambda text: '{"params": 3, "config": {}}'),
+    "config.json not a config": (
+        "config.json",
+        lambda text: json.dumps({"params": {}, "config": {"optimizer": {"lr": "fast"}}}),
+    ),
+    "result.json unknown state": ("result.json", lambda text: '{"state": "great"}'),
+}
+
+
+@SHARES_THE_FINISHED_SWEEP
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_record_of_the_best_trial_is_named_and_never_ranked(
+    finished_sweep, tmp_path, capsys, damage
+):
+    storage, experiment = finished_sweep.copy_to(tmp_path)
+    name, horizon = finished_sweep.name, finished_sweep.horizon
+    best = experiment.best(horizon)
+    assert best is not None
+    record, change = DAMAGE[damage]
+    path = experiment.trial_dir(best.trial_id) / record
+    path.write_text(change(path.read_text()))
+
+    code, err = run_cli(capsys, "status", name, "--storage", str(storage))
+    assert code == 0
+    assert err.count("\n") == 1 and str(path) in err and "left out" in err, err
+    row = next(r for r in experiment.rows() if r.trial_id == best.trial_id)
+    assert row.state == "corrupt" and str(path) in row.reason
+    assert experiment.best(horizon) is None or experiment.best(horizon).trial_id != best.trial_id
+
+    # export refuses rather than silently pick another trial; nothing is written
+    code, err = run_cli(capsys, "export", name, "--storage", str(storage))
+    assert code == 2 and err.count("\n") == 1 and str(path) in err, err
+    assert not (experiment.root / "recipe.yaml").exists()
+
+    code, err = run_cli(capsys, "report", name, "--storage", str(storage))
+    assert code == 0 and err.count("\n") == 1 and str(path) in err, err
+    assert (experiment.root / "report" / "report.md").is_file()
+
+
+@SHARES_THE_FINISHED_SWEEP
+@pytest.mark.parametrize("state", ["searcher-state", "experiment_state"])
+def test_damaged_tune_state_is_one_line_and_no_hang(finished_sweep, tmp_path, state):
+    storage, experiment = finished_sweep.copy_to(tmp_path)
+    if state == "searcher-state":
+        target = next(experiment.tune_dir.glob("searcher-state-*.pkl"))
+        target.write_bytes(os.urandom(4096))
+    else:
+        target = sorted(experiment.tune_dir.glob("experiment_state-*.json"))[-1]
+        target.write_text(target.read_text()[:500])
+    before = {t: experiment.read_trial_json(t, "result.json") for t in experiment.trial_ids()}
+    done = subprocess.run(
+        [*CLI, "resume", finished_sweep.name, "--storage", str(storage)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(target) in lines[0] and "damaged" in lines[0], lines
+    after = {t: experiment.read_trial_json(t, "result.json") for t in experiment.trial_ids()}
+    assert after == before  # nothing changed
+
+
+def test_records_are_readable_as_the_umask_allows(tmp_path):
+    """Atomic writes go through private temporary files; what lands has an ordinary mode."""
+    from schedule_search.core.checkpoint import save_state
+    from schedule_search.core.files import atomic_write_text
+
+    atomic_write_text(tmp_path / "atomic.json", "{}")
+    (tmp_path / "plain.json").write_text("{}")
+    save_state(tmp_path / "checkpoint", {"x": 1})
+    (tmp_path / "plain-folder").mkdir()
+    mode = lambda p: (tmp_path / p).stat().st_mode & 0o777  # noqa: E731
+    assert mode("atomic.json") == mode("plain.json")
+    assert mode("checkpoint") == mode("plain-folder")
+
+
+def evaluations(experiment: Experiment) -> dict[str, int]:
+    """trial id -> how many evaluations it has recorded before its horizon (2x)."""
+    if not experiment.root.exists():
+        return {}
+    counts = {}
+    for trial in experiment.trial_ids():
+        history = experiment.read_trial_json(trial, "metrics.json") or []
+        counts[trial] = len([h for h in history if h["chinchilla"] < 2.0])
+    return counts
+
+
+def signal_mid_trial(
+    command: list[str], experiment: Experiment, number: int, before: dict[str, int]
+) -> tuple[str, dict[str, int]]:
+    """Run `command`; once a trial has evaluated (before its horizon) more than `before` says
+    it had, send `number`, and check the driver stops cleanly. Returns the driver's last line
+    of stderr and the evaluations at the signal."""
+    driver = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    now = evaluations(experiment)
+    while not any(n > before.get(t, 0) for t, n in now.items()):
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+        now = evaluations(experiment)
+    # Ctrl-C reaches the terminal's whole process group; a scheduler's SIGTERM the driver.
+    if number == signal.SIGINT:
+        os.killpg(driver.pid, number)
+    else:
+        driver.send_signal(number)
+    _, err = driver.communicate(timeout=240)
+    assert driver.returncode == 128 + number, err[-3000:]
+    assert "Traceback" not in err and "Tuner.restore" not in err, err[-3000:]
+    ended = [experiment.read_trial_json(t, "result.json") for t in experiment.trial_ids()]
+    assert not all(ended), "the signal landed after the sweep ended; lengthen the trials"
+    return err.strip().splitlines()[-1], now
+
+
+def test_signals_stop_a_sweep_that_resumes_moved_and_renamed(tmp_path):
+    """Ctrl-C stops a sweep mid-trial; its folder is moved to another storage and renamed at
+    once; resumed there, SIGTERM stops it mid-trial again; resumed again, it completes where
+    its folder is now, nothing is written at the old place, and export picks the best."""
+    storage = tmp_path / "runs"
+    base = json.loads(json.dumps(SPACE["base"]))
+    base["task"]["dim"] = 512
+    first = Experiment(storage / "off")
+    command = sweep_command(tmp_path, storage, samples=2, base=base)
+    last, _ = signal_mid_trial(command, first, signal.SIGINT, {})
+    assert f"resume off --storage {storage}" in last and "SIGINT" in last, last
+
+    new_storage, name = tmp_path / "elsewhere", "off2"
+    new_storage.mkdir()
+    shutil.move(storage / "off", new_storage / name)
+    experiment = Experiment(new_storage / name)
+    resume = [*CLI, "resume", name, "--storage", str(new_storage)]
+    # What the trials recorded while they stopped counts as before the resume.
+    last, _ = signal_mid_trial(resume, experiment, signal.SIGTERM, evaluations(experiment))
+    assert f"resume {name} --storage {new_storage}" in last and "SIGTERM" in last, last
+
+    done = subprocess.run(resume, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not first.root.exists(), "nothing may be written at the old place"
+    rows = experiment.rows()
+    assert len(rows) == 2 and all(r.state == "completed" for r in rows), rows
+    finals = {
+        t: experiment.read_trial_json(t, "metrics.json")[-1]["val_loss"]
+        for t in experiment.trial_ids()
+    }
+    exported = subprocess.run(
+        [*CLI, "export", name, "--storage", str(new_storage)], capture_output=True, text=True
+    )
+    assert exported.returncode == 0, exported.stderr
+    recipe = yaml.safe_load((experiment.root / "recipe.yaml").read_text())
+    assert recipe["source"]["trial_id"] == min(finals, key=finals.get)
+
+
+TASK_MODULE = '''"""A user's task: linreg under another name, importable only where this file is."""
+from schedule_search.tasks.linreg import build
+
+
+def make(seed, **options):
+    return build(options, seed=seed)
+'''
+
+
+@pytest.mark.parametrize("shipped", [True, False])
+def test_a_user_task_reaches_a_node_that_lacks_it(tmp_path, shipped):
+    """A cluster node started without the user's module on its path: the sweep ships it
+    (runtime_env), or, where it is not shipped, ends at the first trial in one line."""
+    from ray.cluster_utils import Cluster
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "usertask.py").write_text(TASK_MODULE)
+    base = json.loads(json.dumps(SPACE["base"])) | {
+        "task": {"name": "usertask:make", "dim": 64, "batch": 16}
+    }
+    storage = tmp_path / "runs"
+    command = [*sweep_command(tmp_path, storage, samples=2, base=base), "--concurrency", "1"]
+    if not shipped:  # a module that cannot be imported fails the same way every time
+        command += ["--max-failures", "0"]
+    # The driver imports the module from its PYTHONPATH; the nodes, started by this test
+    # process, have neither that path nor the driver's working directory.
+    env = os.environ | {"PYTHONPATH": str(code), "RAY_ADDRESS": ""}
+    if not shipped:  # in a site-packages folder: installed, for the sweep, so not shipped
+        installed = tmp_path / "site-packages"
+        installed.mkdir()
+        shutil.move(code / "usertask.py", installed / "usertask.py")
+        env["PYTHONPATH"] = str(installed)
+    head = {"num_cpus": 0, "include_dashboard": True, "dashboard_port": free_port()}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        node = cluster.add_node(num_cpus=2)
+        done = subprocess.run(
+            [*command, "--address", cluster.address],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=400,
+        )
+    finally:
+        cluster.shutdown()
+    experiment = Experiment(storage / "off")
+    if shipped:
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = experiment.rows()
+        assert len(rows) == 2 and all(r.state == "completed" for r in rows), rows
+        placement = json.loads(
+            (experiment.trial_dir(rows[0].trial_id) / "workers" / "rank-0.json").read_text()
+        )
+        assert placement["node_id"] == node.node_id
+    else:
+        assert done.returncode == 1, done.stderr[-3000:]
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("sweep ended: trials cannot start: ") and "usertask" in last
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert len(experiment.trial_ids()) == 1  # the second trial never started
+
+
+@SHARES_THE_FINISHED_SWEEP
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"name": "a_module_not_here:make", "dim": 64},
+        {"name": "tinylm", "data": "/nonexistent/corpus/that/moved"},
+    ],
+)
+def test_status_export_and_report_read_the_records_alone(finished_sweep, tmp_path, capsys, task):
+    """The task's module or data gone from this machine: reading the sweep still works."""
+    storage, experiment = finished_sweep.copy_to(tmp_path)
+    space = yaml.safe_load((experiment.root / "space.yaml").read_text())
+    space["base"]["task"] = task
+    (experiment.root / "space.yaml").write_text(yaml.safe_dump(space))
+    for verb in ("status", "export", "report"):
+        code, err = run_cli(capsys, verb, finished_sweep.name, "--storage", str(storage))
+        assert code == 0 and err == "", (verb, err)
+    assert (experiment.root / "recipe.yaml").is_file()

@@ -1,0 +1,194 @@
+"""Faults injected into real sweeps: a diverging trial, a SIGKILLed Ray Train worker, the
+driver killed while a worker writes a checkpoint."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from schedule_search.core import checkpoint as ckpt
+from schedule_search.sweep.experiment import Experiment
+
+
+def write_space(path: Path, space: dict) -> Path:
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
+    space = {
+        "name": "div",
+        "samples": 2,
+        "seed": 0,
+        "base": {
+            "task": {"name": "linreg", "dim": 64, "batch": 16},
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "window": {"microbatches": 1, "clip_norm": None},
+            "budget": {"horizon": 1.0, "eval_at": [0.5]},
+        },
+        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 1000.0}},
+        "points_to_evaluate": [{"optimizer.lr": 1000.0}, {"optimizer.lr": 0.05}],
+    }
+    path = write_space(tmp_path / "space.yaml", space)
+    storage = str(tmp_path / "runs")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schedule_search.cli",
+            "sweep",
+            str(path),
+            "--storage",
+            storage,
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=350,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r.params["optimizer.lr"]: r for r in Experiment(tmp_path / "runs" / "div").rows()}
+    assert rows[1000.0].state == "diverged" and "non-finite" in rows[1000.0].reason
+    assert rows[0.05].state == "completed"
+    assert "diverged" in done.stdout  # the status table shows it
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    study = optuna.load_study(
+        study_name="div",
+        storage=JournalStorage(
+            JournalFileBackend(str(tmp_path / "runs" / "div" / "optuna.journal"))
+        ),
+    )
+    # The diverged trial is the worst result the searcher can learn from (COMPLETE, infinite
+    # loss), not a FAIL that samplers ignore; the live searcher is told the same.
+    told = {t.user_attrs["state"]: (t.state.name, t.value) for t in study.trials}
+    assert told["diverged"] == ("COMPLETE", float("inf"))
+    assert told["completed"][0] == "COMPLETE" and told["completed"][1] < 1e3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path):
+    space = {
+        "name": "w",
+        "samples": 1,
+        "seed": 0,
+        "base": {
+            "task": {"name": "linreg", "dim": 256, "batch": 16},
+            "window": {"policy": "microbatches", "microbatches": 2},
+            "budget": {"horizon": 12.0, "eval_at": [float(m) for m in range(1, 12)]},
+        },
+        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
+        "points_to_evaluate": [{"optimizer.lr": 0.003}],
+    }
+    path = write_space(tmp_path / "space.yaml", space)
+    command = [sys.executable, "-m", "schedule_search.cli", "sweep", str(path), "--workers", "2"]
+    # The reference: the same sweep, never killed.
+    subprocess.run([*command, "--storage", str(tmp_path / "a")], check=True, capture_output=True)
+
+    sweep = subprocess.Popen(
+        [*command, "--storage", str(tmp_path / "b")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    experiment = Experiment(tmp_path / "b" / "w")
+    deadline = time.monotonic() + 300
+    while True:
+        assert sweep.poll() is None and time.monotonic() < deadline, "no moment to kill a worker"
+        ids = experiment.trial_ids() if experiment.root.exists() else []
+        history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
+        uploaded = ids and ckpt.checkpoint_folders(experiment.train_run_dir(ids[0]))
+        if history and len(history) >= 2 and uploaded:
+            break
+        time.sleep(0.05)
+    # Ray Train registers an uploaded checkpoint at its next poll (every 0.5 s here); a kill
+    # before that restarts from scratch, correctly, and the test would show nothing.
+    time.sleep(1.0)
+    assert sweep.poll() is None, "the trial ended before a worker could be killed"
+    # This trial's workers, as each recorded itself (`pgrep` would also find the workers of
+    # another test's Ray running beside this one).
+    placements = sorted((experiment.trial_dir(ids[0]) / "workers").glob("rank-*.json"))
+    pids = [json.loads(p.read_text())["pid"] for p in placements]
+    assert len(pids) == 2 and all(Path(f"/proc/{pid}").exists() for pid in pids)
+    os.kill(pids[-1], signal.SIGKILL)
+    assert sweep.wait(timeout=300) == 0
+
+    straight = Experiment(tmp_path / "a" / "w")
+    a = ckpt.load_latest(straight.train_run_dir(straight.trial_ids()[0]))[1]
+    b = ckpt.load_latest(experiment.train_run_dir(experiment.trial_ids()[0]))[1]
+    assert b["progress"]["status"] == "completed"
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    trial = experiment.trial_ids()[0]
+    events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
+    assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path):
+    space = {
+        "name": "c",
+        "samples": 1,
+        "seed": 0,
+        "base": {
+            "task": {"name": "linreg", "dim": 200_000, "batch": 1},  # ~5 MB of state
+            "budget": {"horizon": 0.0002, "eval_at": [0.00005, 0.0001, 0.00015]},
+        },
+        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
+        "points_to_evaluate": [{"optimizer.lr": 0.003}],
+    }
+    path = write_space(tmp_path / "space.yaml", space)
+    storage = str(tmp_path / "runs")
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "schedule_search.cli",
+            "sweep",
+            str(path),
+            "--storage",
+            storage,
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    experiment = Experiment(tmp_path / "runs" / "c")
+    deadline = time.monotonic() + 300
+    while True:  # a checkpoint is being written (staged in the trial's folder, then uploaded)
+        assert driver.poll() is None and time.monotonic() < deadline, "no write to interrupt"
+        ids = experiment.trial_ids() if experiment.root.exists() else []
+        history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
+        # From the second evaluation on, an earlier checkpoint is already registered.
+        if history and len(history) >= 2 and (experiment.trial_dir(ids[0]) / ".staging").exists():
+            break
+        time.sleep(0.002)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "schedule_search.cli", "resume", "c", "--storage", storage],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = experiment.rows()
+    assert [r.state for r in rows] == ["completed"]
+    trial = experiment.trial_ids()[0]
+    events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
+    assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
+    assert not (experiment.trial_dir(trial) / ".staging").exists()

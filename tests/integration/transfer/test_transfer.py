@@ -1,0 +1,242 @@
+"""A real (small) transfer on linreg through Ray: killed during export and mid-round, run
+again, every run audited (the plan and the table alone: tests/unit/transfer/)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from schedule_search.core import checkpoint as ckpt
+from schedule_search.core.config import parse
+from schedule_search.core.schedules import Warmup, Wsd
+from schedule_search.recipe import load_recipe
+from schedule_search.sweep.experiment import Experiment
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.launch import run_local
+from schedule_search.transfer.run import run_names, transfer_base
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_small_transfer_on_linreg(tmp_path):
+    space = {
+        "name": "lt",
+        "samples": 1,
+        "base": {
+            "task": {"name": "linreg", "dim": 64, "batch": 16},
+            "optimizer": {"name": "sgd", "lr": 0.1},
+            "schedule": {"kind": "poly", "alpha": 4.0, "warmup": 0.05, "gamma": 0.5},
+            "ema": {"fractions": [0.0, 0.04], "objective": "best"},
+            "window": {"policy": "microbatches", "microbatches": 2},
+            "budget": {"horizon": 1.0, "eval_at": [0.5]},
+        },
+        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.05, "high": 0.2}},
+    }
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    storage = str(tmp_path / "runs")
+    cli = [sys.executable, "-m", "schedule_search.cli"]
+
+    def run(*args: str) -> None:
+        done = subprocess.run([*cli, *args, "--storage", storage], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    run("sweep", str(tmp_path / "space.yaml"), "--workers", "1")
+    sweep = Experiment(tmp_path / "runs" / "lt")
+
+    # SIGKILL during export, at moments spread over its run: the recipe is never half written.
+    recipe = sweep.root / "recipe.yaml"
+    for delay in (1.5, 3.0):
+        exporting = subprocess.Popen(
+            [*cli, "export", "lt", "--storage", storage],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(delay)
+        exporting.kill()
+        exporting.wait()
+        if recipe.exists():
+            load_recipe(recipe)  # complete, or it would not load
+    run("export", "lt")
+    uneven = subprocess.run(
+        [*cli, "transfer", "lt", "--workers", "3", "--storage", storage],
+        capture_output=True,
+        text=True,
+    )
+    assert uneven.returncode == 2 and len(uneven.stderr.strip().splitlines()) == 1
+    assert "--workers 3: the recipe steps every 2 micro-batches" in uneven.stderr
+    assert not (sweep.root / "transfer").exists()  # nothing launched
+    # On another number of workers the window keeps the recipe's tokens per step.
+    assert transfer_base(sweep, 2)[0].window.microbatches == 1
+
+    # SIGKILL of the transfer's driver (and its Ray) once a run has finished and another has
+    # started but not yet evaluated (its config written, no metrics); run it again.
+    # Linear-to-zero grids and schedule-free AdamW go through the same rounds (their plans and
+    # the table are tested in test_transfer_plan, their runs in test_train); left out here to
+    # keep this short.
+    transfer = [*cli, "transfer", "lt", "--to", "2", "--concurrency", "2", "--storage", storage]
+    transfer += ["--methods", "recipe,constant,cosine,wsd"]
+    first = Experiment(sweep.root / "transfer" / "round1")
+    driver = subprocess.Popen(
+        transfer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+
+    def states() -> dict[str, str]:
+        if not first.root.exists():
+            return {}
+        return {row.trial_id: row.state for row in first.rows()}
+
+    while not ("completed" in states().values() and "pending" in (at_kill := states()).values()):
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    finished = {
+        t: first.read_trial_json(t, "result.json")
+        for t in first.trial_ids()
+        if first.read_trial_json(t, "result.json")
+    }
+    never_evaluated = [t for t, state in at_kill.items() if state == "pending"]
+    assert never_evaluated and not any(
+        first.read_trial_json(t, "metrics.json") for t in never_evaluated
+    )
+    done = subprocess.run(transfer, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for trial_id, result in finished.items():  # finished runs are kept, not redone
+        assert first.read_trial_json(trial_id, "result.json") == result
+    for trial_id in never_evaluated:  # killed before its first evaluation: run to its end
+        assert first.read_trial_json(trial_id, "result.json")["state"] == "completed"
+
+    root = sweep.root / "transfer"
+    # Asking the finished transfer for other horizons is refused: it would change its runs.
+    methods = ["--methods", "recipe,constant,cosine,wsd"]
+    other = subprocess.run(
+        [*cli, "transfer", "lt", "--to", "4", *methods, "--storage", storage],
+        capture_output=True,
+        text=True,
+    )
+    assert other.returncode == 2 and "Move that folder aside" in other.stderr, other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1
+    for name in ("loss_vs_tokens.png", "lr_curves.png"):
+        assert (root / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = json.loads((root / "transfer.json").read_text())
+    assert table["horizons"] == [1.0, 2.0]
+    runs = check_every_run_is_audited(root, table)
+    check_envelopes(table, runs)
+    check_the_recipe_continued(sweep, root, table, runs)
+    check_wsd_branches(runs)
+
+
+def read_runs(root: Path) -> dict:
+    """run name -> (its round's Experiment, trial id), over every round."""
+    out = {}
+    for folder in sorted(root.glob("round*")):
+        phase = Experiment(folder)
+        out.update({name: (phase, trial) for name, trial in run_names(phase).items()})
+    return out
+
+
+def check_every_run_is_audited(root: Path, table: dict) -> dict:
+    """transfer.json holds every run's loss at every horizon it reached, as the run recorded
+    it, with its LR, schedule and compute."""
+    runs = read_runs(root)
+    assert set(table["runs"]) == set(runs)
+    for name, (phase, trial) in runs.items():
+        entry = table["runs"][name]
+        assert entry["where"] == f"{phase.root.name}/{trial}"
+        history = phase.read_trial_json(trial, "metrics.json")
+        recorded = {f"{r['chinchilla']:g}": r["val_loss"] for r in history}
+        assert {h: v["objective"] for h, v in entry["losses"].items()} == recorded
+        config = phase.read_trial_json(trial, "config.json")["config"]
+        assert entry["lr"] == config["optimizer"]["lr"]
+        assert entry["schedule"] == config["schedule"] and entry["compute"] > 0
+    return runs
+
+
+def check_envelopes(table: dict, runs: dict) -> None:
+    for kind, label in (("cosine", "cosine"),):
+        for h in ("1", "2"):
+            finals = []
+            for name, (phase, trial) in runs.items():
+                if name.startswith(f"{kind}-{h}x-"):
+                    last = phase.read_trial_json(trial, "metrics.json")[-1]
+                    finals.append(last["val_loss_raw"])
+            envelope = table["rows"][f"{label} envelope (last iterate)"]["loss"][h]
+            assert envelope == min(finals) and len(finals) >= 3
+            best = table["envelope_runs"][kind]["last"][h]
+            lrs = sorted(
+                float(n.rsplit("-lr", 1)[1]) for n in runs if n.startswith(f"{kind}-{h}x-")
+            )
+            best_lr = float(best["run"].rsplit("-lr", 1)[1])
+            assert best["interior"] == (lrs[0] < best_lr < lrs[-1])
+            if not best["interior"]:  # the bound was hit: two x2 steps beyond the start grid
+                assert len(lrs) == 5
+
+
+def check_the_recipe_continued(sweep: Experiment, root: Path, table: dict, runs: dict) -> None:
+    """The recipe's run starts from the sweep trial's checkpoint at 1x (same config, same
+    tokens per step) and ends where a run never stopped ends."""
+    plan = json.loads((root / "plan.json").read_text())
+    trial = plan["recipe_trial"]
+    checkpoint = Path(plan["continued_from"])
+    assert checkpoint.parent == sweep.train_run_dir(trial)
+    state = ckpt.load_state(checkpoint)
+    assert state["progress"]["status"] == "completed"  # the sweep trial's end, at 1x
+    phase, trial_id = runs["recipe"]
+    events = [json.loads(x) for x in (phase.trial_dir(trial_id) / "events.jsonl").open()]
+    assert events[0] == {
+        "event": "branched",
+        "from": str(checkpoint),
+        "tokens": state["window"]["tokens_seen"],
+    }
+    windows = [json.loads(x) for x in (phase.trial_dir(trial_id) / "windows.jsonl").open()]
+    assert windows[0]["index"] == state["window"]["windows"]
+    label = next(r for r in table["rows"] if r.startswith("recipe (continued from trial"))
+    assert trial in label and table["rows"][label]["compute"] == 1.0
+    config = phase.read_trial_json(trial_id, "config.json")["config"]
+    straight = dict(config, branch_from=None)
+    history = run_local(parse(TrainConfig, straight, "straight"), root.parent / "straight").history
+    continued = phase.read_trial_json(trial_id, "metrics.json")
+    assert continued[-1]["val_loss"] == history[-1]["val_loss"]  # bit for bit
+    assert continued[-1]["tokens"] == history[-1]["tokens"]
+
+
+def check_wsd_branches(runs: dict) -> None:
+    phase, constant = runs["constant"]
+    checkpoints = ckpt.checkpoint_folders(phase.train_run_dir(constant))
+    for run in [n for n in runs if n.startswith("wsd")]:
+        branch_phase, trial_id = runs[run]
+        config = parse(
+            TrainConfig, branch_phase.read_trial_json(trial_id, "config.json")["config"], run
+        )
+        h = config.schedule.horizon
+        share = config.schedule.decay_fraction
+        assert (share, config.schedule.cooldown) in ((0.1, "linear"), (0.2, "sqrt"))
+        branch_tokens = (1 - share) * h * 20 * 64
+        expected = min(
+            c for c in checkpoints if int(c.name.removeprefix("checkpoint_")) >= branch_tokens
+        )
+        assert config.branch_from == str(expected)
+        trunk = ckpt.load_state(expected)
+        # The branch's LR is its WSD formula at the token clock, window by window.
+        schedule = Wsd(
+            Warmup(0.05 * 80), h * 80, share, config.schedule.floor, config.schedule.cooldown
+        )
+        tokens = trunk["window"]["tokens_seen"]
+        windows = [
+            json.loads(x) for x in (branch_phase.trial_dir(trial_id) / "windows.jsonl").open()
+        ]
+        assert windows and windows[0]["index"] == trunk["window"]["windows"]
+        for record in windows:
+            assert record["lr"] == pytest.approx(
+                config.optimizer.lr * schedule(tokens / 16), rel=1e-12
+            )
+            tokens += record["tokens"]
+        decaying = [w["lr"] for w in windows if w["lr"] < config.optimizer.lr]
+        assert decaying and decaying == sorted(decaying, reverse=True)

@@ -1,0 +1,197 @@
+"""Transfer without running it: the plan's rounds (the recipe, the trunk, LR grids extended
+at an edge, WSD branches and schedule-free continued from checkpoints) and the table that
+scores them (a real, small transfer: tests/integration/transfer/test_transfer.py)."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from schedule_search.core.config import parse, to_dict
+from schedule_search.report.transfer import transfer_table
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.evaluation import Evaluation
+from schedule_search.transfer.plan import TransferStudy
+
+BASE = parse(
+    TrainConfig,
+    {
+        "task": {"name": "linreg", "dim": 64, "batch": 16},
+        "optimizer": {"name": "sgd", "lr": 0.1},
+        "schedule": {"kind": "poly", "gamma": 0.3, "alpha": 4.0, "warmup": 0.05},
+        "ema": {"fractions": [0.0, 0.04], "objective": 0.04},
+        "window": {"microbatches": 2},
+        "budget": {"horizon": 1.0, "eval_at": [0.5]},
+    },
+    "test",
+)
+ALL = ["recipe", "constant", "schedulefree", "cosine", "linear", "wsd"]
+
+
+def study(**changes) -> TransferStudy:
+    args = {"horizons": [1.0, 2.0, 4.0], "methods": ALL, "sweep_horizon": 1.0} | changes
+    return TransferStudy(BASE, **args)
+
+
+def no_checkpoints(run: str, multiple: float):
+    raise AssertionError(f"no checkpoint may be asked for in the first round ({run})")
+
+
+def history(*points, key="val_loss_raw"):
+    return [
+        Evaluation.from_metrics({"chinchilla": h, "tokens": int(h * 100), key: v, "val_loss": v})
+        for h, v in points
+    ]
+
+
+def test_the_first_round_trains_the_recipe_the_trunk_and_the_grid_start_points():
+    s = study(continue_from="/sweep/train/run-x/checkpoint_000000000001280")
+    first = s.pending({}, no_checkpoints)
+    recipe = first["recipe"]
+    assert recipe["branch_from"] == s.continue_from and recipe["budget"]["horizon"] == 4.0
+    # The recipe runs as it was exported: all but its budget and start is the base config.
+    exported = {k: v for k, v in to_dict(BASE).items() if k not in ("budget", "branch_from")}
+    assert {k: v for k, v in recipe.items() if k not in ("budget", "branch_from")} == exported
+    assert recipe["schedule"]["gamma"] == 0.3 and recipe["ema"]["objective"] == 0.04
+    constant = first["constant"]
+    assert constant["schedule"]["kind"] == "constant"
+    # Both WSD branch points of every horizon are evaluations, so checkpoints, of the trunk.
+    assert {0.9, 1.8, 3.6, 0.8, 1.6, 3.2} <= set(constant["budget"]["eval_at"])
+    assert constant["checkpoint"]["keep"] >= len(constant["budget"]["eval_at"]) + 1
+    # Cosine's grid at the first horizon is centred on the recipe's LR; the later ones wait
+    # for the best LR of the horizon before.
+    cosines = {n: c for n, c in first.items() if n.startswith("cosine-")}
+    assert sorted(cosines) == ["cosine-1x-lr0.05", "cosine-1x-lr0.1", "cosine-1x-lr0.2"]
+    for c in cosines.values():
+        assert c["schedule"]["horizon"] == c["budget"]["horizon"] == 1.0
+        assert c["ema"]["objective"] == 0.0 and len(c["ema"]["fractions"]) >= 7
+    schedule_free = {n: c for n, c in first.items() if n.startswith("schedulefree-")}
+    assert sorted(c["optimizer"]["lr"] for c in schedule_free.values()) == [0.05, 0.1, 0.2]
+    for c in schedule_free.values():
+        assert c["optimizer"]["name"] == "schedulefree_adamw"
+        assert c["schedule"]["kind"] == "constant" and c["budget"]["horizon"] == 1.0
+    assert not any(n.startswith(("linear-", "wsd")) for n in first)
+
+
+def finish(s, finished, loss_of):
+    """Finish every pending grid run with a synthetic final loss of (kind, horizon, lr)."""
+    for name, config in s.pending(finished, lambda run, m: Path(f"/{run}/{m:g}")).items():
+        h, lr = config["budget"]["horizon"], config["optimizer"]["lr"]
+        kind = config["optimizer"]["name"] if "schedulefree" in name else name.split("-")[0]
+        finished[name] = history((h, loss_of(kind, h, lr)))
+    return finished
+
+
+def test_grids_extend_at_an_edge_and_start_around_the_best_they_are_centred_on():
+    s = study(methods=["cosine", "linear"])
+
+    def loss(kind, h, lr):  # cosine is best near 0.25 (beyond the edge), linear near 0.45
+        target = 0.25 if kind == "cosine" else 0.45
+        return (math.log2(lr) - math.log2(target)) ** 2
+
+    finished = finish(s, {}, loss)
+    assert sorted(finished) == ["cosine-1x-lr0.05", "cosine-1x-lr0.1", "cosine-1x-lr0.2"]
+    assert s.centre("cosine", 2.0, finished) is None  # the best is at the edge: not settled
+    assert sorted(s.pending(finished, no_checkpoints)) == ["cosine-1x-lr0.4"]
+    finished = finish(s, finished, loss)  # 0.2 is now interior: cosine at 1x settled
+    second = s.pending(finished, no_checkpoints)
+    for prefix in ("cosine-2x", "linear-1x"):  # x0.5, x1, x2 of cosine's best at 1x
+        lrs = sorted(c["optimizer"]["lr"] for n, c in second.items() if n.startswith(prefix))
+        assert lrs == [0.1, 0.2, 0.4], prefix
+    assert second["linear-1x-lr0.2"]["schedule"]["kind"] == "linear"
+    assert not any(n.startswith(("cosine-4x", "linear-2x")) for n in second)
+    while s.pending(finished, no_checkpoints):
+        finished = finish(s, finished, loss)
+    for h in (1, 2, 4):
+        assert f"linear-{h}x-lr0.8" in finished  # each extended once past its best (0.4)
+    # Centred on the horizon before, the later cosine grids were interior at once.
+    assert not any(n.startswith(("cosine-2x", "cosine-4x")) and "lr0.05" in n for n in finished)
+    assert not any(n.startswith("cosine") and "lr0.8" in n for n in finished)
+    assert s.pending(finished, no_checkpoints) == {}
+
+
+def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
+    s = study(methods=["constant", "schedulefree", "wsd"])
+    asked = []
+
+    def checkpoint_at(run, multiple):
+        asked.append((run, round(multiple, 6)))
+        return Path(f"/ckpt/{run}/{multiple:g}")
+
+    finished = {"constant": history((1.0, 1.0), (2.0, 0.9), (4.0, 0.8))}
+    for lr, loss in ((0.05, 1.2), (0.1, 1.0), (0.2, 1.1)):
+        finished[f"schedulefree-lr{lr:g}"] = history((1.0, loss))
+    runs = s.pending(finished, checkpoint_at)
+    assert sorted(runs) == [
+        "schedulefree",
+        "wsd-1x",
+        "wsd-2x",
+        "wsd-4x",
+        "wsd-sqrt-1x",
+        "wsd-sqrt-2x",
+        "wsd-sqrt-4x",
+    ]
+    assert ("constant", 3.6) in asked and ("constant", 3.2) in asked
+    sqrt = runs["wsd-sqrt-4x"]["schedule"]
+    assert sqrt["cooldown"] == "sqrt" and sqrt["decay_fraction"] == 0.2 and sqrt["floor"] == 0.0
+    linear = runs["wsd-4x"]["schedule"]
+    assert linear["cooldown"] == "linear" and linear["decay_fraction"] == 0.1
+    assert runs["wsd-4x"]["branch_from"] == "/ckpt/constant/3.6"
+    continued = runs["schedulefree"]
+    assert continued["optimizer"]["lr"] == 0.1 and continued["budget"]["horizon"] == 4.0
+    assert continued["branch_from"] == "/ckpt/schedulefree-lr0.1/1"
+
+
+def test_the_table_scores_each_row_by_its_protocol_against_both_envelopes():
+    s = study(methods=["recipe", "cosine", "linear"], horizons=[1.0, 2.0], continue_from="/c")
+    s.continued_trial = "abc"
+    runs = {
+        "recipe": [
+            Evaluation.from_metrics(
+                {
+                    "chinchilla": 2.0,
+                    "tokens": 200,
+                    "val_loss": 2.0,
+                    "val_loss_ema/0.04": 2.05,
+                    "val_loss_raw": 2.3,
+                }
+            )
+        ],
+        "cosine-1x-lr0.05": history((1.0, 3.0)),
+        "cosine-1x-lr0.1": history((1.0, 2.5)),
+        "cosine-1x-lr0.2": history((1.0, math.nan)),  # a diverged run does not count
+        "cosine-1x-lr0.025": history((1.0, 2.8)),
+        "cosine-2x-lr0.05": history((1.0, 2.9), (2.0, 2.2)),
+        "cosine-2x-lr0.1": history((1.0, 2.7), (2.0, 2.4)),
+        "cosine-2x-lr0.2": history((1.0, 2.8), (2.0, 2.45)),
+        "cosine-2x-lr0.025": history((2.0, 2.3)),
+        "linear-1x-lr0.05": history((1.0, 2.6)),
+        "linear-1x-lr0.1": history((1.0, 2.4)),
+        "linear-1x-lr0.2": history((1.0, 2.45)),
+        "linear-2x-lr0.025": history((2.0, 2.35)),
+        "linear-2x-lr0.05": history((2.0, 2.25)),
+        "linear-2x-lr0.1": history((2.0, 2.3)),
+    }
+    runs["cosine-2x-lr0.05"][-1].losses[0.02] = 2.1  # its best EMA
+    sweep = [
+        Evaluation.from_metrics(
+            {"chinchilla": 1.0, "tokens": 100, "val_loss": 2.6, "val_loss_ema/0.04": 2.55}
+        )
+    ]
+    table = transfer_table(s, runs, sweep)
+    rows = table["rows"]
+    recipe = rows["recipe (continued from trial abc at 1x)"]
+    assert recipe["loss"] == {"1": 2.55, "2": 2.05}  # its own fraction, 1x from the sweep
+    assert recipe["compute"] == 1.0  # 2x - the 1x the sweep trained
+    assert rows["cosine envelope (last iterate)"]["loss"] == {"1": 2.5, "2": 2.2}
+    assert rows["linear-to-zero envelope (last iterate)"]["loss"] == {"1": 2.4, "2": 2.25}
+    assert rows["envelope (best of both, last iterate)"]["loss"] == {"1": 2.4, "2": 2.2}
+    assert rows["envelope with EMA (each run's best EMA)"]["loss"] == {"1": 2.4, "2": 2.1}
+    assert recipe["gap_last"]["2"] == pytest.approx(2.05 - 2.2)
+    assert recipe["gap_ema"]["2"] == pytest.approx(2.05 - 2.1)
+    # The cosine tuned for the largest horizon, seen at the smaller one:
+    assert rows["cosine tuned for 2x (last iterate)"]["loss"]["1"] == 2.9
+    assert table["envelope_runs"]["cosine"]["last"]["2"] == {
+        "run": "cosine-2x-lr0.05",
+        "interior": True,
+    }
