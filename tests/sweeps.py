@@ -38,9 +38,13 @@ SPACE = {
 FRACTIONS = SPACE["base"]["ema"]["fractions"]
 
 
+#: The command line as a user runs it, in this interpreter.
+CLI = [sys.executable, "-m", "schedule_search.cli"]
+
+
 def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "schedule_search.cli", *args],
+        [*CLI, *args],
         capture_output=True,
         text=True,
         timeout=540,

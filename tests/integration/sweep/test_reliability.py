@@ -5,21 +5,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from helpers import write_config
+from sweeps import CLI
 
 from schedule_search.core import checkpoint as ckpt
 from schedule_search.sweep.experiment import Experiment
-
-
-def write_space(path: Path, space: dict) -> Path:
-    path.write_text(yaml.safe_dump(space))
-    return path
 
 
 @pytest.mark.slow
@@ -38,20 +33,10 @@ def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
         "params": {"optimizer.lr": {"type": "loguniform", "low": 0.01, "high": 1000.0}},
         "points_to_evaluate": [{"optimizer.lr": 1000.0}, {"optimizer.lr": 0.05}],
     }
-    path = write_space(tmp_path / "space.yaml", space)
+    path = write_config(tmp_path / "space.yaml", space)
     storage = str(tmp_path / "runs")
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "schedule_search.cli",
-            "sweep",
-            str(path),
-            "--storage",
-            storage,
-            "--workers",
-            "1",
-        ],
+        [*CLI, "sweep", str(path), "--storage", storage, "--workers", "1"],
         capture_output=True,
         text=True,
         timeout=350,
@@ -93,8 +78,8 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
         "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
         "points_to_evaluate": [{"optimizer.lr": 0.003}],
     }
-    path = write_space(tmp_path / "space.yaml", space)
-    command = [sys.executable, "-m", "schedule_search.cli", "sweep", str(path), "--workers", "2"]
+    path = write_config(tmp_path / "space.yaml", space)
+    command = [*CLI, "sweep", str(path), "--workers", "2"]
     # The reference: the same sweep, never killed.
     subprocess.run([*command, "--storage", str(tmp_path / "a")], check=True, capture_output=True)
 
@@ -149,20 +134,10 @@ def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path):
         "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
         "points_to_evaluate": [{"optimizer.lr": 0.003}],
     }
-    path = write_space(tmp_path / "space.yaml", space)
+    path = write_config(tmp_path / "space.yaml", space)
     storage = str(tmp_path / "runs")
     driver = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "schedule_search.cli",
-            "sweep",
-            str(path),
-            "--storage",
-            storage,
-            "--workers",
-            "1",
-        ],
+        [*CLI, "sweep", str(path), "--storage", storage, "--workers", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -180,7 +155,7 @@ def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path):
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     resumed = subprocess.run(
-        [sys.executable, "-m", "schedule_search.cli", "resume", "c", "--storage", storage],
+        [*CLI, "resume", "c", "--storage", storage],
         capture_output=True,
         text=True,
         timeout=300,
