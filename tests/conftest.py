@@ -34,13 +34,31 @@ def misplaced(item: pytest.Item) -> str | None:
     return None
 
 
+def cost(item: pytest.Item) -> float:
+    """The seconds `item` was measured to take (its `cost` mark), 0 if unmarked."""
+    mark = item.get_closest_marker("cost")
+    return float(mark.args[0]) if mark else 0.0
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The multi-process and Ray tests first, so that two pytest-xdist workers share them from
-    the start and the quick tests fill in at the end (collection order is file order)."""
+    """The multi-process and Ray tests first, costliest first, so that two pytest-xdist workers
+    (which take the next test, or the next group of tests, as each becomes free) end together:
+    the longest test started last would run alone at the end. A group (`xdist_group`) runs on
+    one worker, so it sorts by the sum of its tests' costs."""
     wrong = [f"{item.nodeid}: {why}" for item in items if (why := misplaced(item))]
     if wrong:
         raise pytest.UsageError(
             "tests in the wrong tier (slow tests go under tests/integration, the others under "
             "tests/unit):\n  " + "\n  ".join(wrong)
         )
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    group_cost: dict[str, float] = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        if group:
+            group_cost[group.args[0]] = group_cost.get(group.args[0], 0.0) + cost(item)
+
+    def unit_cost(item: pytest.Item) -> float:
+        group = item.get_closest_marker("xdist_group")
+        return group_cost[group.args[0]] if group else cost(item)
+
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, -unit_cost(item)))

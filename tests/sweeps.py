@@ -116,9 +116,11 @@ def start_and_kill(space: Path, storage: Path, moment: str) -> str:
     )
 
 
-#: The mark of tests that use the `finished_sweep` fixture: pytest-xdist (`--dist loadgroup`)
-#: runs them in one worker, so the sweep is made once.
-SHARES_THE_FINISHED_SWEEP = pytest.mark.xdist_group("finished_sweep")
+def SHARES_THE_FINISHED_SWEEP(test):
+    """The marks of tests that use the `finished_sweep` fixture: pytest-xdist (`--dist
+    loadgroup`) runs them in one worker, so the sweep is made once; each carries a share of the
+    sweep's ~210 s (their group's cost orders it among the slow tests)."""
+    return pytest.mark.cost(25)(pytest.mark.xdist_group("finished_sweep")(test))
 
 
 @dataclass(frozen=True)

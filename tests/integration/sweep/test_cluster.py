@@ -53,6 +53,7 @@ def two_node_cluster():
         cluster.shutdown()
 
 
+@pytest.mark.cost(85)
 def test_sweep_on_a_two_node_cluster_spreads_a_trials_workers(tmp_path, two_node_cluster):
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump(SPACE))
@@ -92,6 +93,7 @@ def test_sweep_on_a_two_node_cluster_spreads_a_trials_workers(tmp_path, two_node
         assert {(p["device"], p["backend"]) for p in placements} == {("cpu", "gloo")}
 
 
+@pytest.mark.cost(50)
 def test_a_local_sweep_beside_a_started_cluster_runs_on_a_ray_of_its_own(
     tmp_path, two_node_cluster
 ):

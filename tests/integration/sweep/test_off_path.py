@@ -169,6 +169,7 @@ def signal_mid_trial(
     return err.strip().splitlines()[-1], now
 
 
+@pytest.mark.cost(160)
 def test_signals_stop_a_sweep_that_resumes_moved_and_renamed(tmp_path):
     """Ctrl-C stops a sweep mid-trial; its folder is moved to another storage and renamed at
     once; resumed there, SIGTERM stops it mid-trial again; resumed again, it completes where
@@ -216,6 +217,7 @@ def make(seed, **options):
 '''
 
 
+@pytest.mark.cost(60)
 @pytest.mark.parametrize("shipped", [True, False])
 def test_a_user_task_reaches_a_node_that_lacks_it(tmp_path, shipped):
     """A cluster node started without the user's module on its path: the sweep ships it

@@ -19,6 +19,7 @@ from schedule_search.sweep.experiment import Experiment
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.cost(45)
 def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
     space = {
         "name": "div",
@@ -65,6 +66,7 @@ def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
+@pytest.mark.cost(110)
 def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path):
     space = {
         "name": "w",
@@ -122,6 +124,7 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.cost(90)
 def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path):
     space = {
         "name": "c",

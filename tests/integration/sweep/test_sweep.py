@@ -235,6 +235,7 @@ def searcher_history(experiment: Experiment) -> int:
     return len(state["_ot_study"].trials)
 
 
+@pytest.mark.cost(165)
 def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path):
     """Killed after a trial finished (none running), resumed, killed again in the middle of a
     trial with Tune's snapshots made rare, resumed to the end: every trial kept, none run

@@ -49,6 +49,7 @@ def assert_states_identical(a: dict, b: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.cost(40)
 def test_sigkill_after_checkpoint_then_resume_is_bit_identical(tmp_path):
     cfg = {
         "task": {"name": "linreg", "dim": 512, "batch": 64},
@@ -87,6 +88,7 @@ def test_sigkill_after_checkpoint_then_resume_is_bit_identical(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.cost(50)
 def test_sigkill_while_a_checkpoint_is_being_written(tmp_path):
     config = {
         "task": {"name": "linreg", "dim": 400_000, "batch": 1},  # ~10 MB of state to write
