@@ -3,19 +3,21 @@
 A window is the set of micro-batches between two optimizer steps, on all ranks together.
 
 How it stays correct and cheap:
-- Each parameter's `.grad` is a view into one flat buffer per dtype, so backward accumulates in
-  place and closing a window is one all-reduce per dtype (one in practice), with no gradient
-  collective inside the window.
-- The loss is summed over tokens; at close the summed gradient is divided by the *global* token
-  count, so the result is the big-batch gradient of the mean token loss whatever each rank's
-  micro-batch count or size. Clipping comes after that normalization.
-- Where the close depends on other ranks (the tokens, seconds and grad_norm policies), ranks
-  all-reduce a tiny float64 control vector (tokens, rank 0's clock, gradient-noise
-  statistics) before each micro-batch and each computes the same close decision from the same
-  numbers. A window of a fixed number of micro-batches closes at the same tick everywhere
-  without asking; its control vector (the token count) is reduced once, at close. Either way
-  every rank makes the same collectives in the same order, so none can wait on a collective
-  another skipped.
+- Ranks never wait for each other inside a window: every close decision is local. A rank
+  closes after `microbatches` micro-batches, once it holds its share of `tokens`, once its
+  own clock (restarted when the previous close returned on it) has spent `seconds`, or
+  (`grad_norm`) after the length the previous close chose for this window. Ranks may
+  contribute different numbers of micro-batches; the one collective is the close.
+- Each parameter's `.grad` is a view into a flat bucket (`reduction`), so backward
+  accumulates in place and the close reduces whole buckets, overlapped with the last
+  backward or compressed with error feedback. A float64 control vector (tokens, micro-batches,
+  the loss sum, gradient-noise statistics) is all-reduced with them and stays exact.
+- The loss is summed over tokens; the close divides the summed gradient by the *global* token
+  count, so the step uses the big-batch gradient of the mean token loss over the micro-batches
+  each rank actually did. Clipping comes after that normalization.
+- Deterministic (the same data gives the same windows): `microbatches`, `tokens` (quotas
+  follow the data) and `grad_norm` (its lengths come from reduced, identical statistics).
+  `seconds` follows the wall clock.
 - Autograd graphs are freed after every backward (no `retain_graph`): memory does not grow
   with the window. `optimizer.step()` does not zero gradients; `close` does, explicitly.
 """
@@ -33,6 +35,14 @@ import torch.distributed as dist
 from pydantic import Field
 
 from schedule_search.core.config import STRICT, Positive, PositiveInt
+from schedule_search.core.reduction import (
+    Compression,
+    ErrorFeedback,
+    Overlap,
+    broadcast_parameters,
+    distributed,
+    make_buckets,
+)
 
 __all__ = [
     "WindowAccumulator",
@@ -45,14 +55,19 @@ __all__ = [
 
 @dataclass
 class WindowConfig:
-    """When a window closes, and how its gradient is clipped.
+    """When a window closes, how its gradient travels, and how it is clipped.
 
-    policy: `microbatches` closes after `microbatches` micro-batches (deterministic);
-    `tokens` once the window holds `tokens` tokens over all ranks; `seconds` once rank 0's wall
-    clock has spent `seconds` in the window (the seed's 5-minute window); `grad_norm` once the
-    accumulated gradient's estimated signal-to-noise ratio reaches `snr` (estimated only once
-    `min_microbatches` micro-batches are in: fewer give too noisy an estimate).
-    `max_microbatches` caps every policy so a window always ends.
+    policy: `microbatches` closes each rank after `microbatches` micro-batches; `tokens` once
+    a rank holds its share of `tokens` (the total over ranks: tokens / world size each, the
+    first `tokens % world` ranks one more); `seconds` once a rank's own clock has spent
+    `seconds` in the window (the practitioner's 5-minute window); `grad_norm` after a length
+    in micro-batches chosen at the previous close so that the window's estimated
+    signal-to-noise ratio reaches `snr` (the first window is `min_microbatches` long: fewer
+    give too noisy an estimate). `max_microbatches` caps every policy so a window always ends.
+
+    overlap: reduce buckets of `bucket_mb` MB during the last backward (DDP's overlap; not
+    with `grad_norm`, whose statistics need the last local gradient, nor with compression).
+    compression: `bf16` or `int8` (a scale per bucket) with error feedback; `none` is exact.
     """
 
     __pydantic_config__ = STRICT
@@ -65,6 +80,9 @@ class WindowConfig:
     min_microbatches: Annotated[int, Field(ge=2)] = 4
     max_microbatches: PositiveInt = 1024
     clip_norm: Positive | None = 1.0
+    overlap: bool = True
+    bucket_mb: Positive = 25.0
+    compression: Compression = "none"
 
     def __post_init__(self) -> None:
         # The cap ends every window; a window asked to be longer would be cut short silently.
@@ -99,57 +117,9 @@ class WindowRecord:
         return asdict(self)
 
 
-# Slots of the control vector (summed over ranks).
-_TOKENS, _MICROBATCHES, _ELAPSED, _LAST_DT, _SQ_INCREMENTS, _SQ_SUM, _N_SQ, _n_SQ, _N_PREV = range(
-    9
-)
-_CONTROL_SIZE = 9
-
-
-@dataclass
-class _Bucket:
-    """One flat gradient buffer for the parameters of one dtype and device; slot -1 is the loss."""
-
-    flat: torch.Tensor
-    params: list[torch.Tensor]
-    views: list[torch.Tensor]
-
-    @property
-    def grads(self) -> torch.Tensor:
-        return self.flat[:-1]
-
-
-def _make_buckets(params: Sequence[torch.Tensor]) -> list[_Bucket]:
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for p in params:
-        groups.setdefault((p.dtype, p.device), []).append(p)
-    buckets = []
-    for (dtype, device), members in groups.items():
-        flat = torch.zeros(sum(p.numel() for p in members) + 1, dtype=dtype, device=device)
-        views, offset = [], 0
-        for p in members:
-            views.append(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-        buckets.append(_Bucket(flat, members, views))
-    return buckets
-
-
-def _distributed(group: dist.ProcessGroup | None) -> tuple[int, int]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
-@torch.no_grad()
-def broadcast_parameters(
-    params: Sequence[torch.Tensor], group: dist.ProcessGroup | None = None
-) -> None:
-    """Make every rank start from rank 0's weights (what DDP's constructor does)."""
-    _, world = _distributed(group)
-    if world > 1:
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        for p in params:
-            dist.broadcast(p.data, src=src, group=group)
+# Slots of the control vector (summed over ranks at the close).
+_TOKENS, _MICROBATCHES, _LOSS, _SQ_INCREMENTS, _SQ_SUM, _N_SQ, _n_SQ, _N = range(8)
+_CONTROL_SIZE = 8
 
 
 def estimated_snr(control: torch.Tensor) -> float:
@@ -162,7 +132,7 @@ def estimated_snr(control: torch.Tensor) -> float:
     micro-batches on some rank; NaN before that.
     """
     q1, q2 = float(control[_SQ_INCREMENTS]), float(control[_SQ_SUM])
-    big, small, n = float(control[_N_SQ]), float(control[_n_SQ]), float(control[_N_PREV])
+    big, small, n = float(control[_N_SQ]), float(control[_n_SQ]), float(control[_N])
     if big - small <= 0 or n <= 0:
         return math.nan
     signal = max((q2 - q1) / (big - small), 0.0)
@@ -177,7 +147,7 @@ class WindowAccumulator:
 
     The loop, on every rank::
 
-        last = window.begin_microbatch(n_tokens)   # agreed by all ranks before backward
+        last = window.begin_microbatch(n_tokens)   # this rank's own decision, no collective
         window.backward(loss_sum)                  # loss summed (not averaged) over tokens
         if last:
             record = window.close(lr)              # all-reduce, normalize, clip, step, zero
@@ -185,10 +155,8 @@ class WindowAccumulator:
 
     # The window in progress, set by `_start_window` at the start and at every close.
     _control: torch.Tensor
-    _agreed: torch.Tensor
+    _loss: torch.Tensor
     _ticks: int
-    _local_tokens: int
-    _local_microbatches: int
     _pending_tokens: int
     _window_start: float
     _tick_start: float | None
@@ -206,98 +174,86 @@ class WindowAccumulator:
         self.config = config
         self.group = group
         self.clock = clock
-        self.rank, self.world_size = _distributed(group)
+        self.rank, self.world_size = distributed(group)
         # NCCL reduces only CUDA tensors; gloo (and one process) keeps the control on the CPU.
         nccl = self.world_size > 1 and dist.get_backend(group) == "nccl"
         self._control_device = self.params[0].device if nccl else torch.device("cpu")
         broadcast_parameters(self.params, group)
-        self._buckets = _make_buckets(self.params)
-        self._bind_grads()
+        self._buckets = make_buckets(self.params, int(config.bucket_mb * 2**20))
+        for bucket in self._buckets:
+            bucket.bind()
         self._track_noise = config.policy == "grad_norm"
-        self._agree_each_microbatch = config.policy != "microbatches"
-        self._previous = [b.grads.clone() for b in self._buckets] if self._track_noise else []
+        several = self.world_size > 1
+        compressed = several and config.compression != "none"
+        self._feedback = ErrorFeedback(config.compression, self._buckets) if compressed else None
+        overlapped = several and config.overlap and not (compressed or self._track_noise)
+        self._overlap = Overlap(self._buckets, group) if overlapped else None
+        self._previous = [b.flat.clone() for b in self._buckets] if self._track_noise else []
+        # Share of the `tokens` policy's total; the `grad_norm` policy's current length.
+        self._quota = config.tokens // self.world_size + int(
+            self.rank < config.tokens % self.world_size
+        )
+        self.length = config.min_microbatches
         for param_group in optimizer.param_groups:  # torch's LR schedulers use the same key
             param_group.setdefault("initial_lr", param_group["lr"])
         self.tokens_seen = 0
         self.windows = 0
+        self.local_microbatches = 0  # this rank's micro-batches with tokens in this window
+        self.local_tokens = 0
         self._last_microbatch_s = 0.0
         self._start_window()
 
     # -- inside a window -------------------------------------------------------------------
 
     def begin_microbatch(self, n_tokens: int) -> bool:
-        """Announce a micro-batch of `n_tokens` tokens on this rank. Returns whether it is the
-        window's last, the same on every rank.
+        """Announce a micro-batch of `n_tokens` tokens on this rank. Returns whether it is this
+        rank's last in the window, decided from this rank's own count, tokens or clock.
 
         A rank with no data for this micro-batch (the end of its shard, an uneven split) sits
-        it out with `begin_microbatch(0)` and skips its backward; it still takes part in the
-        window's agreement and close, so the ranks' collectives stay matched."""
+        it out with `begin_microbatch(0)` and skips its backward; it still closes the window
+        with the others, so the ranks' collectives stay matched."""
         now = self.clock()
         if self._tick_start is not None:
             self._last_microbatch_s = now - self._tick_start
         self._tick_start = now
         self._ticks += 1
-        self._local_tokens += n_tokens
-        self._local_microbatches += int(n_tokens > 0)
-        local = self._control
-        local[_TOKENS] = self._local_tokens
-        local[_MICROBATCHES] = self._local_microbatches
-        if self.rank == 0:
-            local[_ELAPSED] = now - self._window_start
-            local[_LAST_DT] = self._last_microbatch_s
-        # A window of a fixed number of micro-batches closes at the same tick on every rank
-        # without asking the others; its token count is agreed once, at close.
-        agreed = self._reduce(local) if self._agree_each_microbatch else local
-        self._agreed = agreed
+        self.local_tokens += n_tokens
+        self.local_microbatches += int(n_tokens > 0)
         self._pending_tokens = n_tokens
-        return self._decide(agreed)
+        last = self._decide(now)
+        if last and self._overlap is not None:
+            self._overlap.arm()  # the coming backward starts the buckets' all-reduces
+        return last
 
-    def _reduce(self, control: torch.Tensor) -> torch.Tensor:
-        """The control vector summed over ranks."""
-        if self.world_size == 1:
-            return control
-        agreed = control.to(self._control_device, copy=True)
-        dist.all_reduce(agreed, group=self.group)
-        return agreed.cpu()
-
-    def _decide(self, agreed: torch.Tensor) -> bool:
+    def _decide(self, now: float) -> bool:
         cfg = self.config
         if self._ticks >= cfg.max_microbatches:
             return True
         if cfg.policy == "microbatches":
             return self._ticks >= cfg.microbatches
         if cfg.policy == "tokens":
-            return float(agreed[_TOKENS]) >= cfg.tokens
+            return self.local_tokens >= self._quota
         if cfg.policy == "seconds":
-            # Close on the micro-batch expected to reach the window length (rank 0's clock).
-            return float(agreed[_ELAPSED] + agreed[_LAST_DT]) >= cfg.seconds
-        if self._ticks <= cfg.min_microbatches:  # statistics so far cover ticks - 1 batches
-            return False
-        snr = estimated_snr(agreed)
-        return not math.isnan(snr) and snr >= cfg.snr
+            # Close on the micro-batch expected to reach the window length on this rank.
+            return now - self._window_start + self._last_microbatch_s >= cfg.seconds
+        return self._ticks >= self.length
 
     def backward(self, loss_sum: torch.Tensor) -> None:
         """Backpropagate a token-summed loss into the window's accumulated gradient."""
         loss_sum.backward()
-        loss_bucket = self._buckets[0].flat
-        loss_bucket[-1] += loss_sum.detach().to(loss_bucket.dtype)
+        self._loss += loss_sum.detach().to(torch.float64)
         if self._track_noise:
             self._record_increment(self._pending_tokens)
 
     @torch.no_grad()
     def _record_increment(self, n_tokens: int) -> None:
         increment_sq = 0.0
-        total_sq = 0.0
         for bucket, previous in zip(self._buckets, self._previous, strict=True):
-            increment_sq += float(torch.sum((bucket.grads - previous) ** 2))
-            total_sq += float(torch.sum(bucket.grads**2))
-            previous.copy_(bucket.grads)
+            increment_sq += float(torch.sum((bucket.flat - previous) ** 2))
+            previous.copy_(bucket.flat)
         c = self._control
         c[_SQ_INCREMENTS] += increment_sq
-        c[_SQ_SUM] = total_sq
         c[_n_SQ] += float(n_tokens) ** 2
-        c[_N_PREV] += n_tokens
-        c[_N_SQ] = float(c[_N_PREV]) ** 2
 
     # -- closing a window ------------------------------------------------------------------
 
@@ -312,19 +268,21 @@ class WindowAccumulator:
         A non-finite loss or gradient on any rank reaches every rank through the all-reduce;
         then no step is taken (`stepped=False` in the record) and the gradient is dropped.
         """
-        self._check_grads_bound()
-        if not self._agree_each_microbatch:
-            self._agreed = self._reduce(self._control)
-        for bucket in self._buckets:
-            if self.world_size > 1:
-                dist.all_reduce(bucket.flat, group=self.group)
-        tokens = int(self._agreed[_TOKENS])
-        microbatches = int(self._agreed[_MICROBATCHES])
-        scale = 1.0 / max(tokens, 1)
-        for bucket in self._buckets:
-            bucket.flat.mul_(scale)
-        loss = float(self._buckets[0].flat[-1])
-        norms = [torch.linalg.vector_norm(b.grads, dtype=torch.float64) for b in self._buckets]
+        if not all(b.is_bound() for b in self._buckets):
+            raise RuntimeError(
+                "a parameter's .grad was replaced inside a window (was optimizer.zero_grad() "
+                "called?); the window owns zeroing gradients"
+            )
+        # Every rank makes the same collectives in the same order: gradients (the buckets an
+        # overlapped backward already started come first), then the control vector.
+        local = self._local_control()
+        if self._feedback is None:
+            self._sum_gradients()
+        control = local if self.world_size == 1 else self._all_reduce(local)
+        tokens = int(control[_TOKENS])
+        self._normalize(scale=1.0 / max(tokens, 1))
+        loss = float(control[_LOSS]) / max(tokens, 1)
+        norms = [torch.linalg.vector_norm(b.flat, dtype=torch.float64) for b in self._buckets]
         grad_norm = float(torch.linalg.vector_norm(torch.stack(norms)))
         stepped = tokens > 0 and math.isfinite(grad_norm) and math.isfinite(loss)
         if stepped:
@@ -334,19 +292,20 @@ class WindowAccumulator:
                 coefficient = min(clip / (grad_norm + 1e-6), 1.0)
                 if coefficient < 1.0:
                     for bucket in self._buckets:
-                        bucket.grads.mul_(coefficient)
+                        bucket.flat.mul_(coefficient)
             for param_group in self.optimizer.param_groups:
                 param_group["lr"] = lr * self._lr_ratio(param_group)
             self.optimizer.step()
+        if self._track_noise:
+            self.length = self._next_length(control)
         for bucket in self._buckets:
             bucket.flat.zero_()
-        now = self.clock()
-        seconds = now - self._window_start
+        seconds = self.clock() - self._window_start
         record = WindowRecord(
             index=self.windows,
             wall_time=time.time(),
             seconds=seconds,
-            microbatches=microbatches,
+            microbatches=int(control[_MICROBATCHES]),
             tokens=tokens,
             loss=loss,
             grad_norm=grad_norm,
@@ -359,41 +318,83 @@ class WindowAccumulator:
         self._start_window()
         return record
 
+    def _local_control(self) -> torch.Tensor:
+        """This rank's control vector (float64: exact counts and loss), taken before any
+        gradient is reduced: the noise statistics need this rank's own sum."""
+        c = self._control
+        c[_TOKENS] = self.local_tokens
+        c[_MICROBATCHES] = self.local_microbatches
+        c[_LOSS] = float(self._loss)
+        if self._track_noise:
+            c[_SQ_SUM] = sum(float(torch.sum(b.flat.double() ** 2)) for b in self._buckets)
+            c[_N] = self.local_tokens
+            c[_N_SQ] = float(self.local_tokens) ** 2
+        return c
+
+    def _all_reduce(self, control: torch.Tensor) -> torch.Tensor:
+        agreed = control.to(self._control_device, copy=True)
+        dist.all_reduce(agreed, group=self.group)
+        return agreed.cpu()
+
+    def _sum_gradients(self) -> None:
+        """Every bucket becomes the gradient sum over ranks."""
+        if self._overlap is not None:
+            self._overlap.finish()
+        elif self.world_size > 1:
+            for bucket in self._buckets:
+                dist.all_reduce(bucket.flat, group=self.group)
+
+    def _normalize(self, scale: float) -> None:
+        """Divide by the global token count; a compressed close sends the normalized gradient
+        (its residual is then in the units of a mean gradient, whatever the window's size)."""
+        for index, bucket in enumerate(self._buckets):
+            bucket.flat.mul_(scale)
+            if self._feedback is not None:
+                self._feedback.all_reduce(index, bucket.flat, self.group)
+
+    def _next_length(self, control: torch.Tensor) -> int:
+        """The next window's length: SNR grows in proportion to the window's tokens, so scale
+        this one's by target / estimate (unchanged while the estimate is undefined)."""
+        cfg = self.config
+        snr = estimated_snr(control)
+        if math.isnan(snr):
+            return self.length
+        if snr <= 0:  # no signal seen: as long as allowed
+            return cfg.max_microbatches
+        wanted = cfg.min_microbatches if snr == math.inf else math.ceil(self._ticks * cfg.snr / snr)
+        return min(max(wanted, cfg.min_microbatches), cfg.max_microbatches)
+
     def _lr_ratio(self, group: dict) -> float:
         default = float(self.optimizer.defaults.get("lr", 0.0))
         return float(group["initial_lr"]) / default if default > 0 else 1.0
 
     def _start_window(self) -> None:
         self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.float64)
-        self._agreed = self._control.clone()
+        self._loss = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
         self._ticks = 0
-        self._local_tokens = 0
-        self._local_microbatches = 0
+        self.local_tokens = 0
+        self.local_microbatches = 0
         self._pending_tokens = 0
         self._window_start = self.clock()
         self._tick_start = None
         for previous in self._previous:
             previous.zero_()
 
-    def _bind_grads(self) -> None:
-        for bucket in self._buckets:
-            for p, view in zip(bucket.params, bucket.views, strict=True):
-                p.grad = view
-
-    def _check_grads_bound(self) -> None:
-        for bucket in self._buckets:
-            for p, view in zip(bucket.params, bucket.views, strict=True):
-                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                    raise RuntimeError(
-                        "a parameter's .grad was replaced inside a window (was "
-                        "optimizer.zero_grad() called?); the window owns zeroing gradients"
-                    )
-
     # -- checkpoints (always taken at window boundaries) ------------------------------------
 
     def state_dict(self) -> dict:
-        return {"tokens_seen": self.tokens_seen, "windows": self.windows}
+        """What every rank shares: the token clock and the `grad_norm` window length."""
+        return {"tokens_seen": self.tokens_seen, "windows": self.windows, "length": self.length}
 
     def load_state_dict(self, state: dict) -> None:
         self.tokens_seen = int(state["tokens_seen"])
         self.windows = int(state["windows"])
+        self.length = int(state.get("length", self.config.min_microbatches))
+
+    def rank_state_dict(self) -> dict:
+        """What this rank alone holds: its error-feedback residuals, if compressed."""
+        return {} if self._feedback is None else {"feedback": self._feedback.state_dict()}
+
+    def load_rank_state_dict(self, state: dict) -> None:
+        if self._feedback is not None and "feedback" in state:
+            self._feedback.load_state_dict(state["feedback"])

@@ -57,11 +57,18 @@ class Trainee:
 
 
 def snapshot(trainee: Trainee, progress: Progress, rank: int, world_size: int) -> dict[str, Any]:
-    """Everything a resumed run needs, with the RNG states of all ranks (a collective)."""
-    rng: list[Any] = [torch.get_rng_state()]
+    """Everything a resumed run needs, with what each rank alone holds (a collective): its RNG,
+    its data position (ranks may draw different numbers of micro-batches: `seconds` and
+    `tokens` windows) and its window's error-feedback residuals."""
+    mine = {
+        "rng": torch.get_rng_state(),
+        "microbatches": progress.microbatches,
+        "window": trainee.window.rank_state_dict(),
+    }
+    ranks: list[Any] = [mine]
     if world_size > 1:
-        rng = [None] * world_size
-        dist.all_gather_object(rng, torch.get_rng_state())
+        ranks = [None] * world_size
+        dist.all_gather_object(ranks, mine)
     saved = asdict(progress)
     saved["status"] = str(progress.status)
     return {
@@ -71,20 +78,26 @@ def snapshot(trainee: Trainee, progress: Progress, rank: int, world_size: int) -
         "ema": trainee.ema.state_dict(),
         "window": trainee.window.state_dict(),
         "progress": saved,
-        "rng": rng,
+        "rng": [r["rng"] for r in ranks],
+        "ranks": [{k: v for k, v in r.items() if k != "rng"} for r in ranks],
         "world_size": world_size,
     }
 
 
 def restore(state: dict[str, Any], trainee: Trainee, rank: int, world_size: int) -> Progress:
-    """Load a snapshot into `trainee`; this rank's RNG comes back when the world size is the
-    one it was saved with."""
+    """Load a snapshot into `trainee`; this rank's RNG, data position and residuals come back
+    when the world size is the one it was saved with (otherwise every rank takes rank 0's
+    position and starts with no residual)."""
     if state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
     trainee.model.load_state_dict(state["model"])
     trainee.optimizer.load_state_dict(state["optimizer"])
     trainee.ema.load_state_dict(state["ema"])
     trainee.window.load_state_dict(state["window"])
+    progress = Progress(**state["progress"])
     if state["world_size"] == world_size:
         torch.set_rng_state(state["rng"][rank])
-    return Progress(**state["progress"])
+        if "ranks" in state:  # checkpoints before per-rank positions hold rank 0's alone
+            progress.microbatches = int(state["ranks"][rank]["microbatches"])
+            trainee.window.load_rank_state_dict(state["ranks"][rank]["window"])
+    return progress

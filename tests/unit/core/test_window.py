@@ -93,29 +93,38 @@ def test_replacing_grads_inside_a_window_is_an_error():
         window.close(lr=0.1)
 
 
-def ticks_to_close(snr: float, signal: bool, seed: int) -> int:
+def settled_length(snr: float, signal: bool, seed: int) -> int:
+    """The length of the fourth window: each close sets the next window's length from the
+    statistics it reduced (the first is `min_microbatches` long)."""
     model = make_model()
     window = WindowAccumulator(
         list(model.parameters()),
         torch.optim.SGD(model.parameters(), lr=0.0),
         WindowConfig(policy="grad_norm", snr=snr, max_microbatches=200),
     )
-    for tick in range(200):
+    lengths, ticks = [], 0
+    for tick in range(1000):
         last = window.begin_microbatch(8)
         batch = (
             make_batch(seed, tick, 8) if signal else pure_noise_batch(model, 1000 * seed + tick, 8)
         )
         window.backward(token_sum_loss(model, *batch))
+        ticks += 1
         if last:
-            return tick + 1
-    raise AssertionError("the cap must close the window")
+            lengths.append(ticks)
+            ticks = 0
+            window.close(lr=0.0)
+        if len(lengths) == 4:
+            assert lengths[0] == 4 and all(n <= 200 for n in lengths)
+            return lengths[-1]
+    raise AssertionError("four windows must close")
 
 
 def test_grad_norm_policy_follows_the_signal_to_noise_ratio():
     seeds = range(5)
-    low = sorted(ticks_to_close(2.0, True, s) for s in seeds)
-    high = sorted(ticks_to_close(32.0, True, s) for s in seeds)
-    noise = sorted(ticks_to_close(2.0, False, s) for s in seeds)
+    low = sorted(settled_length(2.0, True, s) for s in seeds)
+    high = sorted(settled_length(32.0, True, s) for s in seeds)
+    noise = sorted(settled_length(2.0, False, s) for s in seeds)
     # A higher threshold needs a longer window (SNR grows with the tokens in it) ...
     assert low[2] * 3 < high[2], (low, high)
     # ... and a gradient with no signal never reaches it: the cap closes those windows.
