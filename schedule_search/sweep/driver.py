@@ -98,7 +98,7 @@ def run_tune(
     driver = tune.with_parameters(
         run_trial, settings=settings, resolve=resolve, root=str(experiment.root)
     )
-    driver = tune.with_resources(driver, trial_driver_resources())
+    driver = tune.with_resources(driver, trial_driver_resources(settings))
     if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
         orphans = experiment.reconcile(_known_trial_ids(experiment))
         if orphans:

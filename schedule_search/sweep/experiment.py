@@ -55,6 +55,14 @@ class SweepSettings:
     address: str | None = None
     max_failures: int = 2
 
+    @property
+    def in_process(self) -> bool:
+        """Whether a trial trains in its Tune trial's own process instead of a Ray Train
+        worker group: one CPU worker has no peer to synchronize with, and a worker group would
+        add three processes a trial (controller, placement-group cleaner, worker), each
+        importing torch, about 10 s of CPU on a small machine for nothing it needs."""
+        return self.workers == 1 and self.gpus_per_worker == 0
+
 
 @dataclass
 class TrialRow:

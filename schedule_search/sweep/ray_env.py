@@ -83,14 +83,17 @@ def _pin_state_api() -> int:
     return port
 
 
-def trial_driver_resources() -> dict[str, float]:
-    """What a trial's driver (not its workers) reserves. Tune refuses a trial of no resources:
-    a local Ray is started with `trial_slot` resources (one per concurrent trial); a cluster
-    that declares them (`ray start --resources '{"trial_slot": K}'`) is used the same way, and
-    on one that does not, a trial reserves a hundredth of a CPU."""
+def trial_driver_resources(settings: SweepSettings) -> dict[str, float]:
+    """What a trial's driver reserves: almost nothing when Ray Train workers do the training
+    (they reserve their own CPUs), a worker's CPUs when it trains in its own process. Tune
+    refuses a trial of no resources: a local Ray is started with `trial_slot` resources (one
+    per concurrent trial); a cluster that declares them (`ray start --resources
+    '{"trial_slot": K}'`) is used the same way, and on one that does not, a trial's driver
+    reserves a hundredth of a CPU."""
+    cpus = settings.cpus_per_worker if settings.in_process else 0.0
     if ray.cluster_resources().get("trial_slot", 0) >= 1:
-        return {"cpu": 0, "trial_slot": 1}
-    return {"cpu": 0.01}
+        return {"cpu": cpus, "trial_slot": 1}
+    return {"cpu": cpus or 0.01}
 
 
 @contextlib.contextmanager

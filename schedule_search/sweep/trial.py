@@ -1,6 +1,6 @@
 """One trial of a sweep, as Tune runs it: a small driver function that builds a Ray Train
 `TorchTrainer` running the core trainer on the trial's workers (RAY_NOTES: Train V2 inside
-Tune)."""
+Tune), or, for one CPU worker, runs the core trainer itself (`SweepSettings.in_process`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from schedule_search.core.config import to_dict
 from schedule_search.core.states import State
 from schedule_search.sweep.experiment import Experiment, SweepSettings, train_run_name
 from schedule_search.sweep.space import SearchSpace, trial_config
-from schedule_search.sweep.worker import worker_loop
+from schedule_search.sweep.worker import train_in_trial, worker_loop
 from schedule_search.train.config import TrainConfig
 
 __all__ = ["SpaceTrials", "run_trial"]
@@ -57,18 +57,22 @@ def run_trial(
         "config.json",
         {"params": params, "config": to_dict(config), "train_run": train_run},
     )
+    loop_config = {
+        "config": to_dict(config),
+        "log_dir": str(experiment.trial_dir(trial_id)),
+        "run_dir": str(experiment.train_dir / train_run),
+        "source": f"trial {trial_id}",
+    }
+    if settings.in_process:
+        train_in_trial(loop_config)
+        return
     use_gpu = settings.gpus_per_worker > 0
     resources = {"CPU": settings.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = settings.gpus_per_worker
     trainer = TorchTrainer(
         worker_loop,
-        train_loop_config={
-            "config": to_dict(config),
-            "log_dir": str(experiment.trial_dir(trial_id)),
-            "run_dir": str(experiment.train_dir / train_run),
-            "source": f"trial {trial_id}",
-        },
+        train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(
             num_workers=settings.workers, use_gpu=use_gpu, resources_per_worker=resources
         ),

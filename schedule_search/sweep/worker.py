@@ -1,8 +1,11 @@
-"""The trainer's edge to Ray Train: rank, reports and checkpoints inside a TorchTrainer worker.
+"""The trainer's edge to Ray: rank, reports and checkpoints inside a TorchTrainer worker
+(`RaySession`), or inside the Tune trial's own process for a one-worker CPU trial
+(`TrialSession`, see `SweepSettings.in_process`).
 
 `ray.train.report` is a barrier: every rank calls it at every evaluation point; only rank 0
 passes a checkpoint. Rank 0 also mirrors the evaluation history into the trial's folder, so
-`status` can read it without Ray.
+`status` can read it without Ray. Either way a run's checkpoints lie in its run folder
+(`train/<run>/checkpoint_<tokens>`), where a resumed trial and the transfer find them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import ray.train
 import ray.train.torch
 import ray.util
 import torch
+from ray import tune
 
 from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import parse
@@ -25,7 +29,14 @@ from schedule_search.core.files import atomic_write_text
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.loop import train
 
-__all__ = ["STAGING", "RaySession", "record_placement", "worker_loop"]
+__all__ = [
+    "STAGING",
+    "RaySession",
+    "TrialSession",
+    "record_placement",
+    "train_in_trial",
+    "worker_loop",
+]
 
 STAGING = ".staging"
 
@@ -80,16 +91,52 @@ class RaySession:
             self.report(self._last_metrics, state)
 
 
-def record_placement(log_dir: Path, rank: int) -> None:
+class TrialSession:
+    """A one-worker CPU trial trained in the Tune trial's process: checkpoints written to the
+    run's folder by this process (atomically, the newest `keep` kept), results to Tune. A
+    failed trial is retried by Tune (`tune.FailureConfig`) and resumes from that folder."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, log_dir: Path, run_dir: Path, keep: int) -> None:
+        self.log_dir = log_dir
+        self.run_dir = run_dir
+        self.keep = keep
+        for unfinished in run_dir.glob(f".{ckpt.PREFIX}*"):  # a write a kill cut short
+            shutil.rmtree(unfinished, ignore_errors=True)
+
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def latest_state(self) -> dict[str, Any] | None:
+        found = ckpt.load_latest(self.run_dir)
+        return None if found is None else found[1]
+
+    def report(self, metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
+        if state is not None:
+            atomic_write_text(
+                self.log_dir / "metrics.json", json.dumps(state["progress"]["history"], indent=1)
+            )
+            self.save(state)
+        tune.report(metrics)
+
+    def save(self, state: dict[str, Any]) -> None:
+        ckpt.save_state(self.run_dir / ckpt.folder_name(state["window"]["tokens_seen"]), state)
+        ckpt.prune(self.run_dir, self.keep)
+
+
+def record_placement(log_dir: Path, rank: int, device: str) -> None:
     """Each rank writes where it runs (`workers/rank-<r>.json`): on a cluster, which node
-    each trial's workers landed on; the device and the collective backend (gloo, NCCL)."""
+    each trial's workers landed on; the device and the collective backend (gloo, NCCL; none
+    for a trial trained in its own process)."""
     context = ray.get_runtime_context()
     placement = {
         "rank": rank,
         "node_id": context.get_node_id(),
         "node_ip": ray.util.get_node_ip_address(),
         "pid": os.getpid(),
-        "device": str(ray.train.torch.get_device()),
+        "device": device,
         "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else "",
     }
     atomic_write_text(log_dir / "workers" / f"rank-{rank}.json", json.dumps(placement))
@@ -101,5 +148,15 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
     log_dir = Path(loop_config["log_dir"])
     log_dir.mkdir(parents=True, exist_ok=True)
     session = RaySession(log_dir, Path(loop_config["run_dir"]))
-    record_placement(log_dir, session.rank)
+    record_placement(log_dir, session.rank, str(session.device()))
+    train(config, session, loop_config["source"])
+
+
+def train_in_trial(loop_config: dict[str, Any]) -> None:
+    """What a one-worker CPU trial runs, in its own process (the same loop config)."""
+    config = parse(TrainConfig, loop_config["config"], loop_config["source"])
+    log_dir = Path(loop_config["log_dir"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    session = TrialSession(log_dir, Path(loop_config["run_dir"]), config.checkpoint.keep)
+    record_placement(log_dir, 0, "cpu")
     train(config, session, loop_config["source"])

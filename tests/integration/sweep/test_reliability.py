@@ -43,9 +43,15 @@ def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
         timeout=350,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {r.params["optimizer.lr"]: r for r in Experiment(tmp_path / "runs" / "div").rows()}
+    experiment = Experiment(tmp_path / "runs" / "div")
+    rows = {r.params["optimizer.lr"]: r for r in experiment.rows()}
     assert rows[1000.0].state == "diverged" and "non-finite" in rows[1000.0].reason
     assert rows[0.05].state == "completed"
+    # One CPU worker trains in its Tune trial's own process: no Ray Train worker group (whose
+    # workers join a gloo group, as test_cluster's record), one placement record each.
+    for row in rows.values():
+        records = (experiment.trial_dir(row.trial_id) / "workers").glob("rank-*.json")
+        assert [json.loads(p.read_text())["backend"] for p in records] == [""]
     assert "diverged" in done.stdout  # the status table shows it
     import optuna
     from optuna.storages import JournalStorage
@@ -124,8 +130,12 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.cost(90)
-def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path):
+@pytest.mark.cost(60)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path, workers):
+    """Ray Train workers (2) stage a checkpoint in the trial's folder and Ray uploads it; a
+    one-worker trial (trained in its Tune trial's process) writes it under a temporary name in
+    its run's folder. A kill in the middle of either loses nothing."""
     space = {
         "name": "c",
         "samples": 1,
@@ -140,19 +150,19 @@ def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path):
     path = write_config(tmp_path / "space.yaml", space)
     storage = str(tmp_path / "runs")
     driver = subprocess.Popen(
-        [*CLI, "sweep", str(path), "--storage", storage, "--workers", "1"],
+        [*CLI, "sweep", str(path), "--storage", storage, "--workers", str(workers)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     experiment = Experiment(tmp_path / "runs" / "c")
     deadline = time.monotonic() + 300
-    while True:  # a checkpoint is being written (staged in the trial's folder, then uploaded)
+    while True:  # a checkpoint is being written
         assert driver.poll() is None and time.monotonic() < deadline, "no write to interrupt"
         ids = experiment.trial_ids() if experiment.root.exists() else []
         history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
         # From the second evaluation on, an earlier checkpoint is already registered.
-        if history and len(history) >= 2 and (experiment.trial_dir(ids[0]) / ".staging").exists():
+        if history and len(history) >= 2 and writing(experiment, ids[0], workers):
             break
         time.sleep(0.002)
     os.killpg(driver.pid, signal.SIGKILL)
@@ -170,3 +180,15 @@ def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path):
     events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
     assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
     assert not (experiment.trial_dir(trial) / ".staging").exists()
+    run = experiment.train_dir / experiment.read_trial_json(trial, "config.json")["train_run"]
+    assert not list(run.glob(".checkpoint_*"))  # no unfinished write left behind
+
+
+def writing(experiment: Experiment, trial: str, workers: int) -> bool:
+    """Whether trial's checkpoint is being written: staged in the trial's folder for Ray Train
+    to upload, or (one worker) under a temporary name in its run's folder."""
+    if workers > 1:
+        return (experiment.trial_dir(trial) / ".staging").exists()
+    record = experiment.read_trial_json(trial, "config.json")
+    run = experiment.train_dir / record["train_run"] if record else None
+    return run is not None and any(run.glob(".checkpoint_*"))
