@@ -110,10 +110,10 @@ def kill_at(command: list[str], storage: Path, moment: str, env: dict | None = N
     return interrupted
 
 
-def start_and_kill(space: Path, storage: Path, moment: str) -> str:
-    return kill_at(
-        ["sweep", str(space), "--storage", str(storage), "--workers", "2"], storage, moment
-    )
+def start_and_kill(space: Path, storage: Path, moment: str, *flags: str) -> str:
+    """`flags` replace the default of one trial of 2 Ray Train workers at a time."""
+    launch = flags or ("--workers", "2")
+    return kill_at(["sweep", str(space), "--storage", str(storage), *launch], storage, moment)
 
 
 def SHARES_THE_FINISHED_SWEEP(test):

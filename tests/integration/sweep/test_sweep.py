@@ -235,7 +235,7 @@ def searcher_history(experiment: Experiment) -> int:
     return len(state["_ot_study"].trials)
 
 
-@pytest.mark.cost(165)
+@pytest.mark.cost(55)
 def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path):
     """Killed after a trial finished (none running), resumed, killed again in the middle of a
     trial with Tune's snapshots made rare, resumed to the end: every trial kept, none run
@@ -250,7 +250,9 @@ def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path
     )
     storage = tmp_path / "runs"
     experiment = Experiment(storage / "lin")
-    start_and_kill(space, storage, "after_a_trial_finished")
+    # One trial at a time, each trained in its Tune trial's process (one CPU worker): the
+    # Ray Train path of these kills is `test_reliability`'s driver kill on 2 workers.
+    start_and_kill(space, storage, "after_a_trial_finished", "--workers", "1", "--concurrency", "1")
     kept = {t: r for t, r in trial_records(experiment).items() if r["result"]}
     assert kept
     # Mid-trial, Tune's periodic snapshot is made rare (every 1000 s; Tune still forces some),

@@ -23,7 +23,7 @@ from schedule_search.transfer.run import run_names, transfer_base
 
 
 @pytest.mark.slow
-@pytest.mark.cost(290)
+@pytest.mark.cost(150)
 @pytest.mark.timeout(600)
 def test_small_transfer_on_linreg(tmp_path):
     space = {
