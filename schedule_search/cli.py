@@ -135,7 +135,10 @@ def _add_sweep(verbs) -> None:
         "--samples", type=_positive_int, default=None, help="trials (default: the space's)"
     )
     sweep.add_argument(
-        "--workers", type=_positive_int, default=2, help="Ray Train workers per trial"
+        "--workers",
+        type=_positive_int,
+        default=2,
+        help="workers per trial (Ray Train; 1 CPU worker trains in the trial's process)",
     )
     sweep.add_argument(
         "--concurrency",
@@ -162,7 +165,8 @@ def _add_sweep(verbs) -> None:
         type=_non_negative_int,
         default=2,
         help="restarts of a failed trial's workers, and then of the trial, before it counts "
-        "as failed (0: a failure is final)",
+        "as failed (a one-worker trial trained in its own process: of the trial only; 0: a "
+        "failure is final)",
     )
     _add_storage(sweep)
     sweep.set_defaults(handler=commands.sweep)

@@ -19,6 +19,7 @@ close reduces whole buckets. Three ways to reduce them:
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -171,7 +172,10 @@ class ErrorFeedback:
             sent = packed.float()
             scale = None
         else:
-            peak = wanted.abs().max().reshape(1)
+            # A non-finite value anywhere makes the shared scale infinite on every rank (MAX
+            # may drop a NaN), so every rank's sum is non-finite and no rank steps.
+            finite = bool(torch.isfinite(wanted).all())
+            peak = wanted.abs().max().reshape(1) if finite else torch.full((1,), math.inf)
             dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
             scale = float(peak) / 127.0 if float(peak) > 0 else 1.0
             packed = torch.round(wanted / scale).clamp_(-127, 127).to(torch.int8)

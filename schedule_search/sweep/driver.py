@@ -1,4 +1,5 @@
-"""The sweep: Ray Tune + OptunaSearch (TPE, seeded) + ASHA over Ray Train trials; resume.
+"""The sweep: Ray Tune + OptunaSearch (TPE, seeded) + ASHA over core-trainer trials (on Ray Train
+workers; one CPU worker in the trial's own process); resume.
 
 ASHA's clock is the Chinchilla multiple the trial has reached (`chinchilla`), which keeps
 rising across a resumed trial, unlike `training_iteration`. Trials reserve a `trial_slot`

@@ -5,7 +5,7 @@
       facts.json         what the space resolved to at launch (horizon, model size; `facts`)
       sweep.json         how the sweep was launched (what `resume` needs)
       tune/              Ray Tune's own experiment state
-      train/             Ray Train runs: one per trial, holding its checkpoints
+      train/             training runs: one per trial config, holding its checkpoints
       trials/<id>/       config.json, metrics.json (every evaluation), windows.jsonl,
                          result.json (written by the sweep driver when the trial ends)
       trials.csv/.json   one row per trial: config, state, milestone, best loss
@@ -58,10 +58,12 @@ class SweepSettings:
     @property
     def in_process(self) -> bool:
         """Whether a trial trains in its Tune trial's own process instead of a Ray Train
-        worker group: one CPU worker has no peer to synchronize with, and a worker group would
-        add three processes a trial (controller, placement-group cleaner, worker), each
-        importing torch, about 10 s of CPU on a small machine for nothing it needs."""
-        return self.workers == 1 and self.gpus_per_worker == 0
+        worker group: one CPU worker on a local Ray has no peer to synchronize with, and a
+        worker group would add three processes a trial (controller, placement-group cleaner,
+        worker), each importing torch, about 10 s of CPU on a small machine for nothing it
+        needs. On a cluster the trial keeps its worker group: its `trial_slot` may sit on a
+        node (the head) whose CPUs are not the ones meant for training."""
+        return self.workers == 1 and self.gpus_per_worker == 0 and self.address is None
 
 
 @dataclass
@@ -85,7 +87,7 @@ class TrialRow:
 
 
 def train_run_name(config: dict[str, Any]) -> str:
-    """Ray Train runs are stored by a hash of the trial's full config: when a restored searcher
+    """Training runs are stored by a hash of the trial's full config: when a restored searcher
     suggests again a config whose trial it forgot, the new trial finds that work and resumes it
     instead of starting over."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
@@ -120,8 +122,8 @@ class Experiment:
         return self.root / "trials" / trial_id
 
     def train_run_dir(self, trial_id: str) -> Path:
-        """Where Ray Train keeps the trial's checkpoints (named by its config, see
-        `train_run_name`)."""
+        """Where the trial's checkpoints lie, written by Ray Train or (one CPU worker) by the
+        trial itself; named by the config it first ran with (`train_run_name`)."""
         record = self.read_trial_json(trial_id, "config.json") or {}
         return self.train_dir / record.get("train_run", f"trial-{trial_id}")
 

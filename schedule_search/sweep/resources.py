@@ -14,7 +14,8 @@ __all__ = ["available", "check_resources", "trial_needs"]
 
 
 def trial_needs(settings: SweepSettings) -> dict[str, float]:
-    """CPUs and GPUs of one trial's Ray Train workers (its driver reserves almost nothing)."""
+    """CPUs and GPUs of one trial's Ray Train workers (a driver
+    reserves almost nothing beyond them; a one-worker trial's driver is its worker)."""
     return {
         "CPU": settings.workers * settings.cpus_per_worker,
         "GPU": settings.workers * settings.gpus_per_worker,

@@ -40,7 +40,8 @@ def run_trial(
     resolve: Callable[[dict[str, Any], str], TrainConfig],
     root: str,
 ) -> None:
-    """The Tune trainable: one trial = one Ray Train run of the core trainer."""
+    """The Tune trainable: one trial = one run of the core trainer (on Ray Train workers, or
+    in this process for one CPU worker)."""
     experiment = Experiment(root)
     trial_id = tune.get_context().get_trial_id()
     ended = experiment.read_trial_json(trial_id, "result.json")
@@ -51,7 +52,10 @@ def run_trial(
         tune.report(history[-1])
         return
     config = resolve(params, trial_id)
-    train_run = train_run_name(to_dict(config))
+    # A trial started before (by an older version whose configs had fewer defaulted fields,
+    # so another hash) keeps the run folder its checkpoints are in.
+    started = experiment.read_trial_json(trial_id, "config.json") or {}
+    train_run = started.get("train_run") or train_run_name(to_dict(config))
     experiment.write_trial_json(
         trial_id,
         "config.json",

@@ -83,7 +83,9 @@ def continuation(sweep: Experiment, trial_id: str, base: TrainConfig, workers: i
     if workers != sweep.settings().workers or not history or "config" not in record:
         return None
     ignored = {"budget", "checkpoint", "branch_from"}
-    trained, ours = (json.loads(json.dumps(tree)) for tree in (record["config"], to_dict(base)))
+    # Both through the parser, so fields added since the sweep ran take their defaults.
+    recorded = to_dict(parse(TrainConfig, record["config"], f"trial {trial_id}"))
+    trained, ours = (json.loads(json.dumps(tree)) for tree in (recorded, to_dict(base)))
     for tree in (trained, ours):
         tree["ema"]["objective"] = None
     if {k: v for k, v in trained.items() if k not in ignored} != {

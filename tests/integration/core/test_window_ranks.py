@@ -118,6 +118,34 @@ def test_non_finite_loss_on_one_rank_skips_the_step_everywhere():
     assert run_ranks(nan_on_one_rank, 2) == [(False, True), (False, True)]
 
 
+def nan_gradient_on_one_rank(rank: int, world: int) -> dict:
+    """A finite loss but a NaN in rank 1's gradient (as an overflow in backward gives), for
+    every close: plain, bf16 and int8 (whose shared scale must carry it to rank 0 too)."""
+    out = {}
+    for kind in ("none", "bf16", "int8"):
+        model = make_model()
+        before = [p.detach().clone() for p in model.parameters()]
+        params = list(model.parameters())
+        config = WindowConfig(microbatches=1, compression=kind)
+        window = WindowAccumulator(params, torch.optim.SGD(params, lr=0.1), config)
+        window.begin_microbatch(3)
+        x, y = make_batch(rank, 0, 3)
+        window.backward(token_sum_loss(model, x, y))
+        if rank == 1:
+            with torch.no_grad():
+                params[0].grad.view(-1)[0] = math.nan
+        record = window.close(lr=0.1)
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, params, strict=True))
+        out[kind] = (record.stepped, unchanged)
+    return out
+
+
+@pytest.mark.slow
+def test_a_non_finite_gradient_on_one_rank_skips_the_step_everywhere_compressed_or_not():
+    for by_rank in run_ranks(nan_gradient_on_one_rank, 2):
+        assert by_rank == {kind: (False, True) for kind in ("none", "bf16", "int8")}
+
+
 def _sit_out(rank: int, world: int) -> list[float]:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1, bias=False)
