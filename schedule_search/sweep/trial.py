@@ -55,14 +55,13 @@ def run_trial(
     # A trial started before (by an older version whose configs had fewer defaulted fields,
     # so another hash) keeps the run folder its checkpoints are in.
     started = experiment.read_trial_json(trial_id, "config.json") or {}
-    train_run = started.get("train_run") or train_run_name(to_dict(config))
+    tree = to_dict(config)
+    train_run = started.get("train_run") or train_run_name(tree)
     experiment.write_trial_json(
-        trial_id,
-        "config.json",
-        {"params": params, "config": to_dict(config), "train_run": train_run},
+        trial_id, "config.json", {"params": params, "config": tree, "train_run": train_run}
     )
     loop_config = {
-        "config": to_dict(config),
+        "config": tree,
         "log_dir": str(experiment.trial_dir(trial_id)),
         "run_dir": str(experiment.train_dir / train_run),
         "source": f"trial {trial_id}",

@@ -28,6 +28,7 @@ from schedule_search.core.config import parse
 from schedule_search.core.files import atomic_write_text
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.loop import train
+from schedule_search.train.session import LocalSession
 
 __all__ = [
     "STAGING",
@@ -91,39 +92,21 @@ class RaySession:
             self.report(self._last_metrics, state)
 
 
-class TrialSession:
-    """A one-worker CPU trial trained in the Tune trial's process: checkpoints written to the
-    run's folder by this process (atomically, the newest `keep` kept), results to Tune. A
-    failed trial is retried by Tune (`tune.FailureConfig`) and resumes from that folder."""
-
-    rank = 0
-    world_size = 1
+class TrialSession(LocalSession):
+    """A one-worker CPU trial trained in the Tune trial's process: a local run whose
+    checkpoints go to the run's folder (atomically, the newest `keep` kept, a write a kill cut
+    short cleared at the next save) and whose results also go to Tune. A failed trial is
+    retried by Tune (`tune.FailureConfig`) and resumes from that folder."""
 
     def __init__(self, log_dir: Path, run_dir: Path, keep: int) -> None:
-        self.log_dir = log_dir
-        self.run_dir = run_dir
-        self.keep = keep
-        for unfinished in run_dir.glob(f".{ckpt.PREFIX}*"):  # a write a kill cut short
-            shutil.rmtree(unfinished, ignore_errors=True)
+        super().__init__(log_dir, keep, checkpoints=run_dir)
 
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def latest_state(self) -> dict[str, Any] | None:
-        found = ckpt.load_latest(self.run_dir)
-        return None if found is None else found[1]
-
     def report(self, metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
-        if state is not None:
-            atomic_write_text(
-                self.log_dir / "metrics.json", json.dumps(state["progress"]["history"], indent=1)
-            )
-            self.save(state)
+        super().report(metrics, state)
         tune.report(metrics)
-
-    def save(self, state: dict[str, Any]) -> None:
-        ckpt.save_state(self.run_dir / ckpt.folder_name(state["window"]["tokens_seen"]), state)
-        ckpt.prune(self.run_dir, self.keep)
 
 
 def record_placement(log_dir: Path, rank: int, device: str) -> None:

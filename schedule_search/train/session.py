@@ -68,11 +68,12 @@ def _index(record: dict[str, Any]) -> float:
 
 
 class LocalSession:
-    """A run outside Ray: metrics and checkpoints under `run_dir`, rank from torch.distributed."""
+    """A run outside Ray: metrics and checkpoints under `run_dir` (checkpoints in
+    `checkpoints`, `run_dir/checkpoints` by default), rank from torch.distributed."""
 
-    def __init__(self, run_dir: str | Path, keep: int = 2) -> None:
+    def __init__(self, run_dir: str | Path, keep: int = 2, checkpoints: Path | None = None) -> None:
         self.log_dir = Path(run_dir).resolve()
-        self.checkpoints = self.log_dir / "checkpoints"
+        self.checkpoints = checkpoints or self.log_dir / "checkpoints"
         self.keep = keep
         initialized = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if initialized else 0
@@ -88,10 +89,11 @@ class LocalSession:
         return None if found is None else found[1]
 
     def report(self, metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
-        if state is not None:
-            self.save(state)
+        if state is None:  # a resumed run that had already ended: its history is on disk
+            return
+        self.save(state)
         if self.rank == 0:
-            history = state["progress"]["history"] if state is not None else [metrics]
+            history = state["progress"]["history"]
             atomic_write_text(self.log_dir / "metrics.json", json.dumps(history, indent=1))
 
     def save(self, state: dict[str, Any]) -> None:
