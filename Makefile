@@ -58,6 +58,7 @@ report: install
 bench: install
 	$(PY) bench/core.py
 	$(PY) bench/windows.py
+	$(PY) bench/sharding.py
 	$(PY) bench/windows_claim.py
 	$(PY) bench/search.py --task linreg --seeds 10
 	$(PY) bench/sweep_efficiency.py

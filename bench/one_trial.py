@@ -13,16 +13,18 @@ from schedule_search.sweep.experiment import Experiment
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "default.yaml"
 
 
-def sweep_one_trial(storage: str, name: str, *flags: str, **run: Any) -> Experiment:
-    """Runs `schedule-search sweep` of the default space with `--samples 1` and `flags`;
-    `run` goes to `subprocess.run`. Returns the experiment it wrote."""
+def sweep_one_trial(
+    storage: str, name: str, *flags: str, space: Path = DEFAULT_SPACE, **run: Any
+) -> Experiment:
+    """Runs `schedule-search sweep` of `space` (the default space) with `--samples 1` and
+    `flags`; `run` goes to `subprocess.run`. Returns the experiment it wrote."""
     subprocess.run(
         [
             sys.executable,
             "-m",
             "schedule_search.cli",
             "sweep",
-            str(DEFAULT_SPACE),
+            str(space),
             "--samples",
             "1",
             "--name",

@@ -4,6 +4,7 @@ handler takes the parsed arguments and returns the exit code; bad input is a Con
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -89,6 +90,8 @@ def sweep(args: argparse.Namespace) -> int:
     from schedule_search.sweep.experiment import Experiment
     from schedule_search.sweep.facts import write_facts
     from schedule_search.sweep.resources import check_resources
+    from schedule_search.sweep.space import shardings
+    from schedule_search.train.config import check_workers
 
     data, space, facts = _prepare_space(args)
     name = args.name or space.name
@@ -99,6 +102,8 @@ def sweep(args: argparse.Namespace) -> int:
             "continues it"
         )
     settings = _settings(args, data, name)
+    for sharding in shardings(space):
+        check_workers(sharding, settings.workers, str(args.space))
     check_resources(settings)  # before anything is written: a trial that cannot fit waits forever
     with experiment_lock(experiment.root, "sweep"):
         if (experiment.root / "sweep.json").exists():  # another sweep got here first
@@ -111,8 +116,6 @@ def sweep(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace, data: dict, name: str):
     """How the sweep launches (saved in sweep.json so `resume` launches it the same way)."""
-    import os
-
     from schedule_search.sweep.experiment import SweepSettings
 
     cpus = os.cpu_count() or 1
@@ -283,11 +286,12 @@ def report(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     from schedule_search.tasks.registry import build_task
-    from schedule_search.train.config import load_train_config
+    from schedule_search.train.config import check_workers, load_train_config
     from schedule_search.train.evaluation import Evaluation
     from schedule_search.train.launch import run_local
 
     config = load_train_config(args.config)
+    check_workers(config.sharding, int(os.environ.get("WORLD_SIZE", args.workers)), args.config)
     build_task(config.task, config.seed, str(args.config))  # bad task options fail here, early
     run_dir = args.run_dir or Path("runs") / f"train-{args.config.stem}"
     result = run_local(config, run_dir, args.workers, str(args.config))

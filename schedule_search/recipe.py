@@ -7,6 +7,9 @@
     ema = recipe.ema(model)                            # EMA bank with the recipe's fraction(s)
     window = recipe.window(model)                      # accumulator with the recipe's policy
 
+A model sharded with FSDP2 (`fully_shard`) gets a sharded window and an EMA bank over its
+local shards (`core.sharding`); `recipe.spec.sharding` records which the sweep trained with.
+
 Param groups with their own LR keep their ratio to the optimizer's default LR at every window
 (`WindowAccumulator.close`); frozen parameters are left out of the window and the EMAs.
 
@@ -25,12 +28,18 @@ import torch
 import yaml
 from pydantic import Field
 
-from schedule_search.core.averaging import EmaBank, EmaConfig
+from schedule_search.core.averaging import EmaBank, EmaConfig, averaged_tensors
 from schedule_search.core.clock import TokenClock
 from schedule_search.core.config import STRICT, ConfigError, load_yaml, parse, to_dict
 from schedule_search.core.files import atomic_write_text
 from schedule_search.core.optimizer import OptimizerConfig
 from schedule_search.core.schedules import ScheduleConfig
+from schedule_search.core.sharding import (
+    ShardedGradients,
+    Sharding,
+    is_sharded,
+    local_tensors,
+)
 from schedule_search.core.window import WindowAccumulator, WindowConfig
 
 __all__ = ["RECIPE_FORMAT", "Recipe", "RecipeSpec", "load_recipe", "write_recipe"]
@@ -54,6 +63,7 @@ class RecipeSpec:
     tokens_per_reference_step: Annotated[float, Field(gt=0)]
     objective: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
+    sharding: Sharding = "replicated"
 
     def __post_init__(self) -> None:
         if not isinstance(self.ema.objective, float):
@@ -101,8 +111,9 @@ class Recipe:
         return built
 
     def ema(self, model: torch.nn.Module) -> EmaBank:
-        """The bank over the model's trainable parameters and float buffers (`EmaBank.of`)."""
-        return EmaBank.of(model, self.spec.ema.fractions)
+        """The bank over the model's trainable parameters and float buffers (`EmaBank.of`);
+        over this rank's shards of them for a sharded model."""
+        return EmaBank(local_tensors(averaged_tensors(model)), self.spec.ema.fractions)
 
     def window(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
@@ -124,7 +135,10 @@ class Recipe:
                     "first, or pass optimizer="
                 )
             optimizer = matches[-1]
-        return WindowAccumulator(params, optimizer, self.spec.window)
+        gradients = None
+        if is_sharded(model):
+            gradients = ShardedGradients.for_policy(model, params, self.spec.window.policy)
+        return WindowAccumulator(params, optimizer, self.spec.window, gradients=gradients)
 
 
 def load_recipe(path: str | Path, n_params: int | None = None) -> Recipe:

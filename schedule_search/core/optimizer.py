@@ -11,6 +11,7 @@ import torch
 from pydantic import Field
 
 from schedule_search.core.config import STRICT, ConfigError, Positive
+from schedule_search.core.sharding import local_tensors
 
 __all__ = ["OptimizerConfig", "evaluation_weights"]
 
@@ -78,5 +79,5 @@ def evaluation_weights(optimizer: torch.optim.Optimizer) -> Iterator[None]:
         yield
     finally:
         optimizer.train()  # type: ignore[attr-defined]
-        with torch.no_grad():
-            torch._foreach_copy_([p.detach() for p in params], training_point)
+        with torch.no_grad():  # on local shards where sharded (no DTensor foreach copy)
+            torch._foreach_copy_(local_tensors(params), local_tensors(training_point))

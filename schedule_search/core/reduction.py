@@ -22,7 +22,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,9 @@ __all__ = [
     "Bucket",
     "Compression",
     "ErrorFeedback",
+    "Gradients",
     "Overlap",
+    "ReplicatedGradients",
     "broadcast_parameters",
     "distributed",
     "make_buckets",
@@ -200,3 +202,126 @@ class ErrorFeedback:
             )
         for mine, saved in zip(self.residuals, state["residuals"], strict=True):
             mine.copy_(saved)
+
+
+class Gradients(Protocol):
+    """Where a window's gradient sum lives and how it becomes the sum over ranks:
+    `reduction.ReplicatedGradients` (flat buckets, all-reduced) or
+    `sharding.ShardedGradients` (FSDP2 shards, reduce-scattered)."""
+
+    def start_window(self) -> None: ...
+
+    def before_microbatch(self, n_tokens: int, last: bool) -> None: ...
+
+    def check(self) -> None: ...
+
+    def increment_square(self) -> float: ...
+
+    def local_square(self) -> float: ...
+
+    def sum_over_ranks(self) -> None: ...
+
+    def norm(self) -> float: ...
+
+    def normalize(self, scale: float) -> None: ...
+
+    def tensors(self) -> list[torch.Tensor]: ...
+
+    def zero(self) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class ReplicatedGradients:
+    """A replicated model's window gradient: flat buckets bound as `.grad`, summed over ranks
+    at the close by a plain, overlapped or compressed all-reduce (the module docstring)."""
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        group: dist.ProcessGroup | None,
+        bucket_mb: float,
+        overlap: bool,
+        compression: Compression,
+        track_noise: bool,
+    ) -> None:
+        self.group = group
+        _, world = distributed(group)
+        broadcast_parameters(params, group)
+        self.buckets = make_buckets(params, int(bucket_mb * 2**20))
+        for bucket in self.buckets:
+            bucket.bind()
+        compressed = world > 1 and compression != "none"
+        self._world = world
+        self._feedback = ErrorFeedback(compression, self.buckets) if compressed else None
+        overlapped = world > 1 and overlap and not (compressed or track_noise)
+        self._overlap = Overlap(self.buckets, group) if overlapped else None
+        # The previous micro-batch's sums, for the `grad_norm` policy's increment statistics.
+        self._previous = [b.flat.clone() for b in self.buckets] if track_noise else []
+
+    def start_window(self) -> None:
+        for previous in self._previous:
+            previous.zero_()
+
+    def before_microbatch(self, n_tokens: int, last: bool) -> None:
+        del n_tokens  # a rank may sit any micro-batch out
+        if last and self._overlap is not None:
+            self._overlap.arm()  # the coming backward starts the buckets' all-reduces
+
+    def check(self) -> None:
+        if not all(b.is_bound() for b in self.buckets):
+            raise RuntimeError(
+                "a parameter's .grad was replaced inside a window (was optimizer.zero_grad() "
+                "called?); the window owns zeroing gradients"
+            )
+
+    def increment_square(self) -> float:
+        """|this micro-batch's gradient sum|^2 (the sums' change since the last call)."""
+        total = 0.0
+        for bucket, previous in zip(self.buckets, self._previous, strict=True):
+            total += float(torch.sum((bucket.flat - previous) ** 2))
+            previous.copy_(bucket.flat)
+        return total
+
+    def local_square(self) -> float:
+        """|this rank's gradient sum|^2, before any reduction."""
+        return sum(float(torch.sum(b.flat.double() ** 2)) for b in self.buckets)
+
+    def sum_over_ranks(self) -> None:
+        """Every bucket becomes the gradient sum over ranks (a compressed close sends the
+        normalized gradient instead, in `normalize`)."""
+        if self._feedback is None:
+            if self._overlap is not None:
+                self._overlap.finish()
+            elif self._world > 1:
+                for bucket in self.buckets:
+                    dist.all_reduce(bucket.flat, group=self.group)
+
+    def norm(self) -> float:
+        """The normalized gradient's global norm (every rank holds all of it)."""
+        norms = [torch.linalg.vector_norm(b.flat, dtype=torch.float64) for b in self.buckets]
+        return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+    def normalize(self, scale: float) -> None:
+        """Multiply by `scale` (1 / global tokens); compressed: then send (the residual is in
+        the units of a mean gradient, whatever the window's size)."""
+        for index, bucket in enumerate(self.buckets):
+            bucket.flat.mul_(scale)
+            if self._feedback is not None:
+                self._feedback.all_reduce(index, bucket.flat, self.group)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [b.flat for b in self.buckets]
+
+    def zero(self) -> None:
+        for bucket in self.buckets:
+            bucket.flat.zero_()
+
+    def state_dict(self) -> dict:
+        return {} if self._feedback is None else {"feedback": self._feedback.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._feedback is not None and "feedback" in state:
+            self._feedback.load_state_dict(state["feedback"])

@@ -37,11 +37,10 @@ from pydantic import Field
 from schedule_search.core.config import STRICT, Positive, PositiveInt
 from schedule_search.core.reduction import (
     Compression,
-    ErrorFeedback,
-    Overlap,
+    Gradients,
+    ReplicatedGradients,
     broadcast_parameters,
     distributed,
-    make_buckets,
 )
 
 __all__ = [
@@ -168,6 +167,7 @@ class WindowAccumulator:
         config: WindowConfig,
         group: dist.ProcessGroup | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gradients: Gradients | None = None,
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.optimizer = optimizer
@@ -178,17 +178,15 @@ class WindowAccumulator:
         # NCCL reduces only CUDA tensors; gloo (and one process) keeps the control on the CPU.
         nccl = self.world_size > 1 and dist.get_backend(group) == "nccl"
         self._control_device = self.params[0].device if nccl else torch.device("cpu")
-        broadcast_parameters(self.params, group)
-        self._buckets = make_buckets(self.params, int(config.bucket_mb * 2**20))
-        for bucket in self._buckets:
-            bucket.bind()
         self._track_noise = config.policy == "grad_norm"
-        several = self.world_size > 1
-        compressed = several and config.compression != "none"
-        self._feedback = ErrorFeedback(config.compression, self._buckets) if compressed else None
-        overlapped = several and config.overlap and not (compressed or self._track_noise)
-        self._overlap = Overlap(self._buckets, group) if overlapped else None
-        self._previous = [b.flat.clone() for b in self._buckets] if self._track_noise else []
+        self._gradients = gradients or ReplicatedGradients(
+            self.params,
+            group,
+            config.bucket_mb,
+            config.overlap,
+            config.compression,
+            self._track_noise,
+        )
         # Share of the `tokens` policy's total; the `grad_norm` policy's current length.
         self._quota = config.tokens // self.world_size + int(
             self.rank < config.tokens % self.world_size
@@ -221,8 +219,7 @@ class WindowAccumulator:
         self.local_microbatches += int(n_tokens > 0)
         self._pending_tokens = n_tokens
         last = self._decide(now)
-        if last and self._overlap is not None:
-            self._overlap.arm()  # the coming backward starts the buckets' all-reduces
+        self._gradients.before_microbatch(n_tokens, last)
         return last
 
     def _decide(self, now: float) -> bool:
@@ -247,12 +244,8 @@ class WindowAccumulator:
 
     @torch.no_grad()
     def _record_increment(self, n_tokens: int) -> None:
-        increment_sq = 0.0
-        for bucket, previous in zip(self._buckets, self._previous, strict=True):
-            increment_sq += float(torch.sum((bucket.flat - previous) ** 2))
-            previous.copy_(bucket.flat)
         c = self._control
-        c[_SQ_INCREMENTS] += increment_sq
+        c[_SQ_INCREMENTS] += self._gradients.increment_square()
         c[_n_SQ] += float(n_tokens) ** 2
 
     # -- closing a window ------------------------------------------------------------------
@@ -268,22 +261,18 @@ class WindowAccumulator:
         A non-finite loss or gradient on any rank reaches every rank through the all-reduce;
         then no step is taken (`stepped=False` in the record) and the gradient is dropped.
         """
-        if not all(b.is_bound() for b in self._buckets):
-            raise RuntimeError(
-                "a parameter's .grad was replaced inside a window (was optimizer.zero_grad() "
-                "called?); the window owns zeroing gradients"
-            )
+        self._gradients.check()
         # Every rank makes the same collectives in the same order: gradients (the buckets an
-        # overlapped backward already started come first), then the control vector.
+        # overlapped backward already started come first; sharded, the reduce-scatter ran in
+        # the last backward), then the control vector.
         local = self._local_control()
-        if self._feedback is None:
-            self._sum_gradients()
+        self._gradients.sum_over_ranks()
         control = local if self.world_size == 1 else self._all_reduce(local)
         tokens = int(control[_TOKENS])
-        self._normalize(scale=1.0 / max(tokens, 1))
-        loss = float(control[_LOSS]) / max(tokens, 1)
-        norms = [torch.linalg.vector_norm(b.flat, dtype=torch.float64) for b in self._buckets]
-        grad_norm = float(torch.linalg.vector_norm(torch.stack(norms)))
+        scale = 1.0 / max(tokens, 1)
+        self._gradients.normalize(scale)
+        loss = float(control[_LOSS]) * scale
+        grad_norm = self._gradients.norm()
         stepped = tokens > 0 and math.isfinite(grad_norm) and math.isfinite(loss)
         if stepped:
             clip = self.config.clip_norm
@@ -291,15 +280,14 @@ class WindowAccumulator:
                 # Same coefficient as torch.nn.utils.clip_grad_norm_.
                 coefficient = min(clip / (grad_norm + 1e-6), 1.0)
                 if coefficient < 1.0:
-                    for bucket in self._buckets:
-                        bucket.flat.mul_(coefficient)
+                    for grad in self._gradients.tensors():
+                        grad.mul_(coefficient)
             for param_group in self.optimizer.param_groups:
                 param_group["lr"] = lr * self._lr_ratio(param_group)
             self.optimizer.step()
         if self._track_noise:
             self.length = self._next_length(control)
-        for bucket in self._buckets:
-            bucket.flat.zero_()
+        self._gradients.zero()
         seconds = self.clock() - self._window_start
         record = WindowRecord(
             index=self.windows,
@@ -326,7 +314,7 @@ class WindowAccumulator:
         c[_MICROBATCHES] = self.local_microbatches
         c[_LOSS] = float(self._loss)
         if self._track_noise:
-            c[_SQ_SUM] = sum(float(torch.sum(b.flat.double() ** 2)) for b in self._buckets)
+            c[_SQ_SUM] = self._gradients.local_square()
             c[_N] = self.local_tokens
             c[_N_SQ] = float(self.local_tokens) ** 2
         return c
@@ -335,22 +323,6 @@ class WindowAccumulator:
         agreed = control.to(self._control_device, copy=True)
         dist.all_reduce(agreed, group=self.group)
         return agreed.cpu()
-
-    def _sum_gradients(self) -> None:
-        """Every bucket becomes the gradient sum over ranks."""
-        if self._overlap is not None:
-            self._overlap.finish()
-        elif self.world_size > 1:
-            for bucket in self._buckets:
-                dist.all_reduce(bucket.flat, group=self.group)
-
-    def _normalize(self, scale: float) -> None:
-        """Divide by the global token count; a compressed close sends the normalized gradient
-        (its residual is then in the units of a mean gradient, whatever the window's size)."""
-        for index, bucket in enumerate(self._buckets):
-            bucket.flat.mul_(scale)
-            if self._feedback is not None:
-                self._feedback.all_reduce(index, bucket.flat, self.group)
 
     def _next_length(self, control: torch.Tensor) -> int:
         """The next window's length: SNR grows in proportion to the window's tokens, so scale
@@ -377,8 +349,7 @@ class WindowAccumulator:
         self._pending_tokens = 0
         self._window_start = self.clock()
         self._tick_start = None
-        for previous in self._previous:
-            previous.zero_()
+        self._gradients.start_window()
 
     # -- checkpoints (always taken at window boundaries) ------------------------------------
 
@@ -393,8 +364,7 @@ class WindowAccumulator:
 
     def rank_state_dict(self) -> dict:
         """What this rank alone holds: its error-feedback residuals, if compressed."""
-        return {} if self._feedback is None else {"feedback": self._feedback.state_dict()}
+        return self._gradients.state_dict()
 
     def load_rank_state_dict(self, state: dict) -> None:
-        if self._feedback is not None and "feedback" in state:
-            self._feedback.load_state_dict(state["feedback"])
+        self._gradients.load_state_dict(state)

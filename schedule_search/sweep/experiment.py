@@ -264,6 +264,7 @@ class Experiment:
             schedule=config.schedule,
             ema=ema,
             window=config.window,
+            sharding=config.sharding,
             # The trial's own model (a space may search task.* keys), as it recorded it.
             n_params=int(last.n_params),
             tokens_per_param=config.budget.tokens_per_param,

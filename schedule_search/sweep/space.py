@@ -56,6 +56,7 @@ __all__ = [
     "SearchSpace",
     "load_space",
     "set_dotted",
+    "shardings",
     "trial_config",
     "uses_asha",
     "value_text",
@@ -238,6 +239,14 @@ def _check_point(space: SearchSpace, point: dict[str, Any], where: str) -> None:
         if not param.contains(value):
             raise ConfigError(f"{where}.{key}: expected {param.describe()}, got {value!r}")
     trial_config(space, point, where)
+
+
+def shardings(space: SearchSpace) -> set[str]:
+    """The `sharding` values a space's trials may take (fixed in base, or searched)."""
+    found: set[str] = {trial_config(space, {}).sharding}
+    if "sharding" in space.params:
+        found |= {str(value) for value in space.params["sharding"].corners()}
+    return found
 
 
 def uses_asha(space: SearchSpace) -> bool:

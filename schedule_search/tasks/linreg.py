@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field
+from torch.distributed.tensor import DTensor
 
 from schedule_search.core.config import STRICT, parse
 from schedule_search.tasks.protocol import Microbatch, seeded_generator
@@ -70,7 +71,10 @@ class LinregTask:
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> float:
-        w = next(model.parameters()).detach().to("cpu", torch.float64).reshape(-1)
+        weight = next(model.parameters()).detach()
+        if isinstance(weight, DTensor):  # sharded (fsdp): every rank gathers it
+            weight = weight.full_tensor()
+        w = weight.to("cpu", torch.float64).reshape(-1)
         delta = w - self.target
         return float(torch.sum(self.eigenvalues * delta**2))
 

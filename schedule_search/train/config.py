@@ -10,12 +10,19 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from schedule_search.core.averaging import EmaConfig
-from schedule_search.core.config import STRICT, Positive, load_yaml, parse
+from schedule_search.core.config import STRICT, ConfigError, Positive, load_yaml, parse
 from schedule_search.core.optimizer import OptimizerConfig
 from schedule_search.core.schedules import ScheduleConfig
+from schedule_search.core.sharding import Sharding
 from schedule_search.core.window import WindowConfig
 
-__all__ = ["BudgetConfig", "CheckpointConfig", "TrainConfig", "load_train_config"]
+__all__ = [
+    "BudgetConfig",
+    "CheckpointConfig",
+    "TrainConfig",
+    "check_workers",
+    "load_train_config",
+]
 
 
 @dataclass
@@ -66,6 +73,9 @@ class TrainConfig:
     device: Literal["auto", "cpu"] = "auto"
     #: `auto`: bf16 autocast on a GPU (bf16 over fp16: no loss scaling), fp32 on the CPU.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    #: `fsdp`: parameters, gradients and AdamW state sharded across the run's workers with
+    #: FSDP2 (`core.sharding`: how windows run sharded); `replicated`: each worker holds all.
+    sharding: Sharding = "replicated"
     #: A checkpoint folder of another run to start from: its weights, optimizer, EMAs, clock
     #: and data position, under this run's own schedule and milestones (a WSD branch).
     branch_from: str | None = None
@@ -73,7 +83,25 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if "name" not in self.task:
             raise ValueError("task.name: required key is missing")
+        if self.sharding == "fsdp" and self.window.policy == "grad_norm":
+            raise ValueError(
+                "sharding: fsdp does not run the grad_norm window policy (its noise statistics "
+                "need each rank's unreduced gradient sum); use microbatches, tokens or seconds"
+            )
+        if self.sharding == "fsdp" and self.window.compression != "none":
+            raise ValueError(
+                "window.compression: fsdp reduce-scatters in full precision; expected none"
+            )
 
 
 def load_train_config(path: str | Path) -> TrainConfig:
     return parse(TrainConfig, load_yaml(path), str(path))
+
+
+def check_workers(sharding: str, workers: int, source: str) -> None:
+    """Refuse, before anything launches, a sharded run with nothing to shard across."""
+    if sharding == "fsdp" and workers < 2:
+        raise ConfigError(
+            f"{source}: sharding: fsdp shards across a run's workers and this one has {workers}; "
+            "expected --workers 2 or more, or sharding: replicated"
+        )

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from schedule_search.core.averaging import EmaBank, EmaConfig, loss_key
 from schedule_search.core.clock import TokenClock
 from schedule_search.core.optimizer import evaluation_weights
+from schedule_search.core.sharding import is_sharded, reshard
 from schedule_search.core.states import State
 from schedule_search.core.window import WindowRecord
 from schedule_search.tasks.protocol import Task
@@ -133,14 +134,17 @@ def evaluate_losses(
 ) -> tuple[dict[float, float], float, float]:
     """(losses, ema_fraction, val_loss): the held-out loss of the raw weights and of every
     EMA, and the objective the EMA config picks. Rank 0 evaluates and broadcasts, so every
-    rank reports, and decides on divergence from, the same numbers."""
+    rank reports, and decides on divergence from, the same numbers. A sharded model's forward
+    gathers from every rank, so there every rank evaluates (the same data, the same weights)."""
     picked: list[Any] = [None]
-    if rank == 0:
+    if rank == 0 or is_sharded(model):
         losses = {}
         with evaluation_weights(optimizer):
+            reshard(model)
             for frac in config.fractions:
                 with ema.swapped_in(frac), autocast:
                     losses[frac] = task.evaluate(model)
+                    reshard(model)  # the next forward gathers the next weights swapped in
         picked = [(losses, *config.pick(losses))]
     if world_size > 1:
         dist.broadcast_object_list(picked, src=0)

@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 from schedule_search.core import checkpoint as ckpt
-from schedule_search.core.averaging import EmaBank
+from schedule_search.core.averaging import EmaBank, averaged_tensors
 from schedule_search.core.clock import TokenClock
+from schedule_search.core.sharding import ShardedGradients, local_tensors, shard_model
 from schedule_search.core.states import State
 from schedule_search.core.window import WindowAccumulator, WindowRecord
 from schedule_search.tasks.protocol import Task
@@ -125,19 +126,32 @@ class _Run:
         bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
         task = build_task(config.task, config.seed, source)
         model = task.build_model().to(device)
+        n_params = task.chinchilla_params(model)
+        if config.sharding == "fsdp":
+            if session.world_size < 2:
+                raise ValueError(
+                    "sharding: fsdp shards across a run's workers and this run has one; "
+                    "use 2 or more workers (--workers), or sharding: replicated"
+                )
+            model = shard_model(model)
         params = list(model.parameters())
         clock = TokenClock(
-            n_params=task.chinchilla_params(model),
+            n_params=n_params,
             tokens_per_param=config.budget.tokens_per_param,
             tokens_per_reference_step=config.budget.tokens_per_reference_step
             or task.tokens_per_microbatch,
         )
         optimizer = config.optimizer.build(params)
+        gradients = None
+        if config.sharding == "fsdp":
+            trained = [p for p in params if p.requires_grad]
+            gradients = ShardedGradients.for_policy(model, trained, config.window.policy)
         trainee = Trainee(
             model=model,
             optimizer=optimizer,
-            window=WindowAccumulator(params, optimizer, config.window),
-            ema=EmaBank.of(model, config.ema.fractions),
+            window=WindowAccumulator(params, optimizer, config.window, gradients=gradients),
+            # Over the local shards where sharded: each rank averages its own.
+            ema=EmaBank(local_tensors(averaged_tensors(model)), config.ema.fractions),
         )
         return cls(
             task=task,

@@ -1,6 +1,7 @@
 """Where a run stands, and the checkpoint that lets it resume exactly: weights, optimizer,
 EMA bank, window (token clock), data position and every rank's RNG, taken at a window
-boundary."""
+boundary. A sharded (FSDP) run's checkpoint holds the same full tensors as a replicated one's
+(gathered at the save, cut to shards at the restore), so either resumes the other."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from schedule_search.core.averaging import EmaBank
+from schedule_search.core.averaging import EmaBank, averaged_tensors
+from schedule_search.core.sharding import (
+    full_ema_state,
+    full_state,
+    is_sharded,
+    load_full_state,
+    local_ema_state,
+)
 from schedule_search.core.states import State
 from schedule_search.core.window import WindowAccumulator
 
@@ -71,11 +79,12 @@ def snapshot(trainee: Trainee, progress: Progress, rank: int, world_size: int) -
         dist.all_gather_object(ranks, mine)
     saved = asdict(progress)
     saved["status"] = str(progress.status)
+    model, optimizer, ema = _full_states(trainee)
     return {
         "format": CHECKPOINT_FORMAT,
-        "model": trainee.model.state_dict(),
-        "optimizer": trainee.optimizer.state_dict(),
-        "ema": trainee.ema.state_dict(),
+        "model": model,
+        "optimizer": optimizer,
+        "ema": ema,
         "window": trainee.window.state_dict(),
         "progress": saved,
         "rng": [r["rng"] for r in ranks],
@@ -90,9 +99,13 @@ def restore(state: dict[str, Any], trainee: Trainee, rank: int, world_size: int)
     position and starts with no residual)."""
     if state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
-    trainee.model.load_state_dict(state["model"])
-    trainee.optimizer.load_state_dict(state["optimizer"])
-    trainee.ema.load_state_dict(state["ema"])
+    if is_sharded(trainee.model):
+        load_full_state(trainee.model, trainee.optimizer, state["model"], state["optimizer"])
+        trainee.ema.load_state_dict(local_ema_state(state["ema"], averaged_tensors(trainee.model)))
+    else:
+        trainee.model.load_state_dict(state["model"])
+        trainee.optimizer.load_state_dict(state["optimizer"])
+        trainee.ema.load_state_dict(state["ema"])
     trainee.window.load_state_dict(state["window"])
     progress = Progress(**state["progress"])
     if state["world_size"] == world_size:
@@ -101,3 +114,16 @@ def restore(state: dict[str, Any], trainee: Trainee, rank: int, world_size: int)
             progress.microbatches = int(state["ranks"][rank]["microbatches"])
             trainee.window.load_rank_state_dict(state["ranks"][rank]["window"])
     return progress
+
+
+def _full_states(trainee: Trainee) -> tuple[dict, dict, dict]:
+    """The model's, optimizer's and EMA bank's state dicts of full tensors (sharded: gathered,
+    a collective; the model's and optimizer's on rank 0 alone)."""
+    if not is_sharded(trainee.model):
+        return trainee.model.state_dict(), trainee.optimizer.state_dict(), trainee.ema.state_dict()
+    model, optimizer = full_state(trainee.model, trainee.optimizer)
+    return (
+        model,
+        optimizer,
+        full_ema_state(trainee.ema.state_dict(), averaged_tensors(trainee.model)),
+    )

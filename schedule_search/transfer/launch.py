@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from schedule_search.core.config import ConfigError
 from schedule_search.sweep.experiment import Experiment, SweepSettings
+from schedule_search.train.config import check_workers
 from schedule_search.transfer.plan import METHODS
 from schedule_search.transfer.run import build_study, transfer_base
 
@@ -46,6 +47,7 @@ def plan_launch(
     if concurrency:
         settings = dataclasses.replace(settings, concurrency=concurrency)
     base, _ = transfer_base(sweep, settings.workers)
+    check_workers(base.sharding, settings.workers, f"{sweep.root} (the recipe's trial)")
     targets = to or before.get("to") or DEFAULT_MULTIPLES
     horizons = sorted({base.budget.horizon, *targets})
     methods = methods or before.get("methods") or list(METHODS)

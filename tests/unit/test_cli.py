@@ -21,6 +21,10 @@ BAD_TRAIN_CONFIGS = [
     ({"task": {"dim": 3}}, "task.name"),
     ({"seed": -1}, "seed"),
     ({"surprise": 1}, "surprise: unknown key"),
+    ({"sharding": "zero3"}, "sharding"),
+    ({"sharding": "fsdp", "window": {"policy": "grad_norm"}}, "sharding: fsdp does not run"),
+    ({"sharding": "fsdp", "window": {"compression": "int8"}}, "window.compression"),
+    ({"sharding": "fsdp"}, "sharding: fsdp shards across a run's workers and this one has 1"),
     ([1, 2, 3], "expected a mapping"),
 ]
 

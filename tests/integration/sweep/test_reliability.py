@@ -1,5 +1,5 @@
-"""Faults injected into real sweeps: a diverging trial, a SIGKILLed Ray Train worker, the
-driver killed while a worker writes a checkpoint."""
+"""Faults injected into real sweeps: a diverging trial, a SIGKILLed Ray Train worker of a
+sharded (fsdp) trial, the driver killed while a worker writes a checkpoint."""
 
 import json
 import os
@@ -14,6 +14,7 @@ from helpers import write_config
 from sweeps import CLI
 
 from schedule_search.core import checkpoint as ckpt
+from schedule_search.recipe import load_recipe
 from schedule_search.sweep.experiment import Experiment
 
 
@@ -74,6 +75,10 @@ def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
 @pytest.mark.timeout(500)
 @pytest.mark.cost(110)
 def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path):
+    """The trial is sharded (FSDP2 over its two workers): the restarted group loads the full
+    checkpoint into its shards and ends where the same config trained without a kill (and
+    without Ray: `train --workers 2`) ends; the sweep exports a recipe that records the
+    sharding."""
     space = {
         "name": "w",
         "samples": 1,
@@ -81,16 +86,14 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
         "base": {
             "task": {"name": "linreg", "dim": 256, "batch": 16},
             "window": {"policy": "microbatches", "microbatches": 2},
-            "budget": {"horizon": 12.0, "eval_at": [float(m) for m in range(1, 12)]},
+            "budget": {"horizon": 8.0, "eval_at": [float(m) for m in range(1, 8)]},
+            "sharding": "fsdp",
         },
         "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
         "points_to_evaluate": [{"optimizer.lr": 0.003}],
     }
     path = write_config(tmp_path / "space.yaml", space)
     command = [*CLI, "sweep", str(path), "--workers", "2"]
-    # The reference: the same sweep, never killed.
-    subprocess.run([*command, "--storage", str(tmp_path / "a")], check=True, capture_output=True)
-
     sweep = subprocess.Popen(
         [*command, "--storage", str(tmp_path / "b")],
         stdout=subprocess.DEVNULL,
@@ -118,14 +121,31 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     os.kill(pids[-1], signal.SIGKILL)
     assert sweep.wait(timeout=300) == 0
 
-    straight = Experiment(tmp_path / "a" / "w")
-    a = ckpt.load_latest(straight.train_run_dir(straight.trial_ids()[0]))[1]
+    # The reference: the trial's own config, trained by `train` on two gloo ranks, never killed.
+    trial_config = experiment.read_trial_json(experiment.trial_ids()[0], "config.json")["config"]
+    reference = write_config(tmp_path / "trial.yaml", trial_config)
+    straight = tmp_path / "straight"
+    subprocess.run(
+        [*CLI, "train", str(reference), "--workers", "2", "--run-dir", str(straight)],
+        check=True,
+        capture_output=True,
+    )
+    a = ckpt.load_latest(straight / "checkpoints")[1]
     b = ckpt.load_latest(experiment.train_run_dir(experiment.trial_ids()[0]))[1]
     assert b["progress"]["status"] == "completed"
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     trial = experiment.trial_ids()[0]
     events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
     assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
+    for frac, averages in a["ema"]["averages"].items():
+        assert all(
+            torch.equal(x, y) for x, y in zip(averages, b["ema"]["averages"][frac], strict=True)
+        )
+    recipe = tmp_path / "best.yaml"
+    subprocess.run(
+        [*CLI, "export", "w", "--storage", str(tmp_path / "b"), "-o", str(recipe)], check=True
+    )
+    assert load_recipe(recipe).spec.sharding == "fsdp"
 
 
 @pytest.mark.slow

@@ -133,6 +133,23 @@ BAD_FLAGS = [
 ]
 
 
+@pytest.mark.parametrize(
+    "space",
+    [
+        variant("base/sharding", "fsdp"),
+        variant("params/sharding", {"type": "choice", "values": ["replicated", "fsdp"]}),
+    ],
+)
+def test_a_sharded_space_needs_two_workers(tmp_path, capsys, space):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    storage = tmp_path / "runs"
+    assert main(["sweep", str(path), "--storage", str(storage), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: sharding: fsdp shards across" in err and err.count("\n") == 1, err
+    assert not storage.exists()
+
+
 @pytest.mark.parametrize("flags, message", BAD_FLAGS)
 def test_bad_sweep_flags(tmp_path, capsys, flags, message):
     path = tmp_path / "space.yaml"

@@ -1,0 +1,268 @@
+"""Sharded windows: a model whose parameters, gradients and optimizer state are sharded across
+the data-parallel ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`), under the same
+windows as a replicated one.
+
+How a window runs sharded (`ShardedGradients`):
+- Gradient sync is off for every micro-batch but each rank's last one of the window, so the
+  unsharded gradient sum accumulates locally and the window's one reduce-scatter runs in that
+  last backward (FSDP overlaps it with the backward, bucket by module). Summed, not averaged
+  (`set_gradient_divide_factor(1)` with sum-only collectives): the close divides by the
+  global token count as a replicated close does.
+- Where ranks may run different numbers of micro-batches in a window (`tokens`, `seconds`),
+  the parameters are gathered once, at the window's first micro-batch, and held until the
+  close: no collective inside the window, as replicated. Where every rank runs the same count
+  (`microbatches`), FSDP gathers each module for its forward and backward and frees it after
+  (the memory-lean default): those all-gathers are inside the window but matched one for one.
+- The close norms the sharded gradient: each rank's share of |sum|^2 travels in the window's
+  control vector (no extra collective), then clips and steps AdamW on the local shards.
+
+Checkpoints hold full tensors in the replicated format (`full_state` / `load_full_state`,
+torch.distributed.checkpoint's state-dict API, gathered to rank 0's CPU memory): a checkpoint
+resumes sharded or replicated, on any world size, and the transfer's continuations and WSD
+branches read it unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from schedule_search.core.reduction import broadcast_parameters
+
+__all__ = [
+    "ShardedGradients",
+    "Sharding",
+    "full_ema_state",
+    "full_state",
+    "is_sharded",
+    "load_full_state",
+    "local_ema_state",
+    "local_tensors",
+    "reshard",
+    "shard_model",
+]
+
+Sharding = Literal["replicated", "fsdp"]
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def _fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard `model` in place over the default process group: every member of a ModuleList
+    (a transformer's blocks) is its own FSDP unit, the root holds the rest (embeddings, a tied
+    head). Every rank starts from rank 0's weights, as replicated."""
+    broadcast_parameters(list(model.parameters()))
+    for child in list(model.modules()):
+        if isinstance(child, torch.nn.ModuleList):
+            for block in child:
+                fully_shard(block)
+    sharded = cast(torch.nn.Module, fully_shard(model))
+    for module in _fsdp_modules(sharded):
+        module.set_gradient_divide_factor(1.0)  # sums: the close divides by global tokens
+        module.set_force_sum_reduction_for_comms(True)  # SUM only (gloo has no PREMUL_SUM)
+    return sharded
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free every gathered parameter, so the next forward gathers the local shards afresh
+    (after an EMA was swapped into them, or the optimizer stepped them). No-op replicated."""
+    for module in _fsdp_modules(model):
+        module.reshard()
+
+
+@torch.no_grad()
+def local_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's local shard (a view of the storage FSDP gathers from and AdamW steps);
+    an unsharded tensor (a buffer) is itself."""
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
+class ShardedGradients:
+    """An FSDP model's window gradient (see the module docstring). `hold`: gather the
+    parameters once per window and keep them until the close (ranks may differ in micro-batch
+    counts); otherwise FSDP gathers and frees each module around its forward and backward."""
+
+    def __init__(self, model: torch.nn.Module, params: Sequence[torch.Tensor], hold: bool) -> None:
+        if not isinstance(model, FSDPModule):
+            raise TypeError("ShardedGradients needs a model sharded with fully_shard")
+        self.model = model
+        self.fsdp = model
+        self.params = list(params)
+        self.hold = hold
+        self._device = self.params[0].device  # NCCL reduces only device tensors
+        model.set_reshard_after_forward(not hold)
+        model.set_reshard_after_backward(not hold)
+        model.set_requires_gradient_sync(False)
+        self._gathered = False
+
+    @classmethod
+    def for_policy(
+        cls, model: torch.nn.Module, params: Sequence[torch.Tensor], policy: str
+    ) -> ShardedGradients:
+        """Only `microbatches` windows give every rank the same micro-batch count, which
+        FSDP's per-module gathers need; every other policy gathers once a window and holds."""
+        return cls(model, params, hold=policy != "microbatches")
+
+    def start_window(self) -> None:
+        self._gathered = False
+
+    def before_microbatch(self, n_tokens: int, last: bool) -> None:
+        if n_tokens == 0 and (last or not self.hold):
+            raise ValueError(
+                "a sharded (fsdp) window runs a backward on each rank's last micro-batch (its "
+                "reduce-scatter) and, gathering per module (microbatches windows), on every "
+                "one; this rank sat one of those out"
+            )
+        if self.hold and not self._gathered:
+            reshard(self.model)  # drop what an evaluation left gathered
+            for module in _fsdp_modules(self.model):
+                module.unshard()
+            self._gathered = True
+        self.fsdp.set_requires_gradient_sync(last)
+
+    def check(self) -> None:
+        """FSDP owns `.grad`; nothing of ours to check."""
+
+    def increment_square(self) -> float:
+        raise NotImplementedError("the grad_norm policy does not run sharded (fsdp)")
+
+    def local_square(self) -> float:
+        raise NotImplementedError("the grad_norm policy does not run sharded (fsdp)")
+
+    def sum_over_ranks(self) -> None:
+        """The reduce-scatter ran in this rank's last backward; free the held parameters."""
+        if self.hold:
+            reshard(self.model)
+        self.fsdp.set_requires_gradient_sync(False)
+
+    def norm(self) -> float:
+        """The normalized gradient's global norm: the shards' squares summed over ranks (one
+        float64 all-reduce; taken after normalizing, as a replicated close takes it)."""
+        square = torch.zeros(1, dtype=torch.float64, device=self._device)
+        for grad in self.tensors():
+            square += torch.sum(grad.double() ** 2)
+        dist.all_reduce(square)
+        return math.sqrt(float(square))
+
+    def normalize(self, scale: float) -> None:
+        for grad in self.tensors():
+            grad.mul_(scale)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return local_tensors([p.grad for p in self.params if p.grad is not None])
+
+    def zero(self) -> None:
+        for p in self.params:
+            p.grad = None  # FSDP adds the next reduce-scatter into a `.grad` left in place
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        del state  # no per-rank state: FSDP's reduce-scatter is exact
+
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The optimizer's parameters' names, in torch's state-dict order (0, 1, ... across
+    groups)."""
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    return [by_id[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(model, optimizer) state dicts of full tensors on rank 0's CPU (empty elsewhere), the
+    optimizer's keyed by index as `Optimizer.state_dict()` keys them. A collective."""
+    model_state = get_model_state_dict(model, options=_FULL)
+    named = cast(dict[str, Any], get_optimizer_state_dict(model, optimizer, options=_FULL))
+    if not named:
+        return model_state, {}
+    index = {name: i for i, name in enumerate(_names(model, optimizer))}
+    optimizer_state = {
+        "state": {index[name]: value for name, value in named["state"].items()},
+        "param_groups": [
+            {**group, "params": [index[name] for name in group["params"]]}
+            for group in named["param_groups"]
+        ],
+    }
+    return model_state, optimizer_state
+
+
+def load_full_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict,
+    optimizer_state: dict,
+) -> None:
+    """Load full (replicated-format) state dicts, which every rank holds, into the shards."""
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=options)
+    names = _names(model, optimizer)
+    named = {
+        "state": {names[int(i)]: value for i, value in optimizer_state["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[int(i)] for i in group["params"]]}
+            for group in optimizer_state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(model, optimizer, cast(Any, named), options=options)
+
+
+def full_ema_state(state: dict, sources: Sequence[torch.Tensor]) -> dict:
+    """An `EmaBank.state_dict()` of local shards, with each average gathered to its full
+    tensor (`sources`: the tensors the bank averages, DTensors where sharded). A collective."""
+    averages = {
+        frac: [_gathered(a, source) for a, source in zip(avg, sources, strict=True)]
+        for frac, avg in state["averages"].items()
+    }
+    return {**state, "averages": averages}
+
+
+def local_ema_state(state: dict, sources: Sequence[torch.Tensor]) -> dict:
+    """The inverse of `full_ema_state`: each full average cut to this rank's shard."""
+    averages = {
+        frac: [_local_shard(a, source) for a, source in zip(avg, sources, strict=True)]
+        for frac, avg in state["averages"].items()
+    }
+    return {**state, "averages": averages}
+
+
+def _gathered(local: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    if not isinstance(source, DTensor):
+        return local.cpu().clone()
+    spread = DTensor.from_local(
+        local, source.device_mesh, source.placements, shape=source.shape, stride=source.stride()
+    )
+    return spread.full_tensor().cpu()
+
+
+def _local_shard(full: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    if not isinstance(source, DTensor):
+        return full
+    mine = distribute_tensor(
+        full.to(source.device), source.device_mesh, source.placements, src_data_rank=None
+    ).to_local()
+    if mine.shape != source.to_local().shape:
+        raise ValueError(f"an EMA shard of shape {tuple(mine.shape)} does not fit {source.shape}")
+    return mine

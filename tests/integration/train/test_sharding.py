@@ -1,0 +1,77 @@
+"""A sharded (fsdp) training run and a replicated one of the same config, each on two real
+gloo ranks, end in the same checkpoint bit for bit: parameters, AdamW state, every EMA of the
+bank (averaged over local shards), every held-out loss (evaluated with each EMA swapped into
+the shards) and the token clock. The sharded checkpoint is the replicated format, so either
+resumes the other, on any world size. Schedule-free AdamW's evaluation switch (its averaged
+weights swapped into the shards and back) is exact sharded too."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import run_ranks
+
+from schedule_search.core import checkpoint as ckpt
+from schedule_search.core.config import parse
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.loop import train
+from schedule_search.train.session import LocalSession
+
+
+def config(sharding: str, policy: str, optimizer: str) -> TrainConfig:
+    tiny = {"d_model": 32, "n_layer": 2, "n_head": 2, "context": 32, "batch": 4}
+    data = {
+        "task": {"name": "tinylm", **tiny, "max_bytes": 200_000, "eval_batches": 2},
+        "window": {"policy": policy, "microbatches": 3, "tokens": 384},
+        "budget": {"horizon": 0.04, "eval_at": [0.02]},
+        "ema": {"fractions": [0.0, 0.04, 0.16], "objective": 0.04},
+        "optimizer": {"name": optimizer, "lr": 0.01},
+        "sharding": sharding,
+    }
+    return parse(TrainConfig, data, "test")
+
+
+CASES = [("microbatches", "adamw"), ("tokens", "schedulefree_adamw")]
+
+
+def train_every_case(rank: int, world: int, root: str) -> None:
+    """Both cases, replicated then sharded, in one process group (spawning is most of the
+    cost)."""
+    for policy, optimizer in CASES:
+        for sharding in ("replicated", "fsdp"):
+            run = config(sharding, policy, optimizer)
+            result = train(run, LocalSession(Path(root) / policy / sharding, run.checkpoint.keep))
+            assert result.status == "completed"
+
+
+def assert_same_checkpoint(a: dict, b: dict) -> None:
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    for index, slot in a["optimizer"]["state"].items():
+        assert all(torch.equal(v, b["optimizer"]["state"][index][k]) for k, v in slot.items())
+    for frac, averages in a["ema"]["averages"].items():
+        assert all(
+            torch.equal(x, y) for x, y in zip(averages, b["ema"]["averages"][frac], strict=True)
+        )
+
+    def losses(state: dict) -> list[list[float]]:
+        history = state["progress"]["history"]
+        return [[v for k, v in row.items() if k.startswith("val_loss")] for row in history]
+
+    assert losses(a) == losses(b) and len(losses(a)) == 2
+    assert a["window"] == b["window"] and a["window"]["windows"] > 10
+
+
+@pytest.mark.slow
+@pytest.mark.cost(30)
+def test_sharded_runs_end_in_the_replicated_runs_checkpoints(tmp_path):
+    """`microbatches` windows with AdamW (FSDP gathers per module), `tokens` windows with
+    schedule-free AdamW (the gathered weights held through each window)."""
+    run_ranks(train_every_case, 2, str(tmp_path))
+    for policy, _ in CASES:
+        states = {
+            sharding: ckpt.load_latest(tmp_path / policy / sharding / "checkpoints")[1]
+            for sharding in ("replicated", "fsdp")
+        }
+        assert_same_checkpoint(states["replicated"], states["fsdp"])
