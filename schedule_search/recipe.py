@@ -28,18 +28,13 @@ import torch
 import yaml
 from pydantic import Field
 
-from schedule_search.core.averaging import EmaBank, EmaConfig, averaged_tensors
+from schedule_search.core.averaging import EmaBank, EmaConfig
 from schedule_search.core.clock import TokenClock
 from schedule_search.core.config import STRICT, ConfigError, load_yaml, parse, to_dict
 from schedule_search.core.files import atomic_write_text
 from schedule_search.core.optimizer import OptimizerConfig
 from schedule_search.core.schedules import ScheduleConfig
-from schedule_search.core.sharding import (
-    ShardedGradients,
-    Sharding,
-    is_sharded,
-    local_tensors,
-)
+from schedule_search.core.sharding import ShardedGradients, Sharding, is_sharded
 from schedule_search.core.window import WindowAccumulator, WindowConfig
 
 __all__ = ["RECIPE_FORMAT", "Recipe", "RecipeSpec", "load_recipe", "write_recipe"]
@@ -113,7 +108,7 @@ class Recipe:
     def ema(self, model: torch.nn.Module) -> EmaBank:
         """The bank over the model's trainable parameters and float buffers (`EmaBank.of`);
         over this rank's shards of them for a sharded model."""
-        return EmaBank(local_tensors(averaged_tensors(model)), self.spec.ema.fractions)
+        return EmaBank.of(model, self.spec.ema.fractions)
 
     def window(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
@@ -137,7 +132,7 @@ class Recipe:
             optimizer = matches[-1]
         gradients = None
         if is_sharded(model):
-            gradients = ShardedGradients.for_policy(model, params, self.spec.window.policy)
+            gradients = ShardedGradients.for_window(model, params, self.spec.window)
         return WindowAccumulator(params, optimizer, self.spec.window, gradients=gradients)
 
 

@@ -23,6 +23,7 @@ import torch
 from pydantic import Field
 
 from schedule_search.core.config import STRICT
+from schedule_search.core.sharding import local_tensors
 
 __all__ = [
     "BEST",
@@ -144,7 +145,9 @@ class EmaBank:
 
     @classmethod
     def of(cls, model: torch.nn.Module, fractions: Sequence[float]) -> EmaBank:
-        return cls(averaged_tensors(model), fractions)
+        """The bank of `averaged_tensors(model)`: of this rank's shards where the model is
+        sharded (FSDP2), each rank averaging its own."""
+        return cls(local_tensors(averaged_tensors(model)), fractions)
 
     @torch.no_grad()
     def update(self, t1: float) -> None:

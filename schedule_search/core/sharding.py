@@ -12,9 +12,10 @@ How a window runs sharded (`ShardedGradients`):
   the parameters are gathered once, at the window's first micro-batch, and held until the
   close: no collective inside the window, as replicated. Where every rank runs the same count
   (`microbatches`), FSDP gathers each module for its forward and backward and frees it after
-  (the memory-lean default): those all-gathers are inside the window but matched one for one.
-- The close norms the sharded gradient: each rank's share of |sum|^2 travels in the window's
-  control vector (no extra collective), then clips and steps AdamW on the local shards.
+  (FSDP's default, which holds the fewest weights): those all-gathers are inside the window
+  but matched one for one. Either way each rank holds the window's unsharded gradient sum.
+- The close takes the global norm of the normalized gradient from the shards' squares (one
+  float64 all-reduce), then clips and steps AdamW on the local shards.
 
 Checkpoints hold full tensors in the replicated format (`full_state` / `load_full_state`,
 torch.distributed.checkpoint's state-dict API, gathered to rank 0's CPU memory): a checkpoint
@@ -33,18 +34,19 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
-    set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from schedule_search.core.reduction import broadcast_parameters
+from schedule_search.core.window import WindowConfig
 
 __all__ = [
     "ShardedGradients",
     "Sharding",
+    "check_window",
     "full_ema_state",
     "full_state",
     "is_sharded",
@@ -67,15 +69,18 @@ def _fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
 
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Shard `model` in place over the default process group: every member of a ModuleList
-    (a transformer's blocks) is its own FSDP unit, the root holds the rest (embeddings, a tied
-    head). Every rank starts from rank 0's weights, as replicated."""
+    """Shard `model` in place over the default process group, on the device its parameters
+    are on: every member of a ModuleList (a transformer's blocks; nested lists innermost
+    first) is its own FSDP unit, the root holds the rest (embeddings, a tied head). Every rank
+    starts from rank 0's weights, as replicated."""
     broadcast_parameters(list(model.parameters()))
-    for child in list(model.modules()):
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for child in reversed(list(model.modules())):
         if isinstance(child, torch.nn.ModuleList):
             for block in child:
-                fully_shard(block)
-    sharded = cast(torch.nn.Module, fully_shard(model))
+                fully_shard(block, mesh=mesh)
+    sharded = cast(torch.nn.Module, fully_shard(model, mesh=mesh))
     for module in _fsdp_modules(sharded):
         module.set_gradient_divide_factor(1.0)  # sums: the close divides by global tokens
         module.set_force_sum_reduction_for_comms(True)  # SUM only (gloo has no PREMUL_SUM)
@@ -96,31 +101,52 @@ def local_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
 
 
+def check_window(config: WindowConfig) -> None:
+    """Refuse the window settings that do not run sharded (ValueErrors naming the key)."""
+    if config.policy == "grad_norm":
+        raise ValueError(
+            "window.policy: grad_norm does not run sharded (fsdp): its noise statistics "
+            "need each rank's unreduced gradient sum; use microbatches, tokens or seconds"
+        )
+    if config.compression != "none":
+        raise ValueError(
+            "window.compression: fsdp reduce-scatters in full precision; expected none"
+        )
+
+
 class ShardedGradients:
     """An FSDP model's window gradient (see the module docstring). `hold`: gather the
     parameters once per window and keep them until the close (ranks may differ in micro-batch
-    counts); otherwise FSDP gathers and frees each module around its forward and backward."""
+    counts); otherwise FSDP gathers and frees each module around its forward and backward.
+
+    A rank may sit out a micro-batch (`begin_microbatch(0)`, no backward) only when holding
+    and not on its last: the others would wait for its gathers or its reduce-scatter. It is
+    refused with a ValueError on that rank (its peers then wait for the group's timeout)."""
 
     def __init__(self, model: torch.nn.Module, params: Sequence[torch.Tensor], hold: bool) -> None:
         if not isinstance(model, FSDPModule):
             raise TypeError("ShardedGradients needs a model sharded with fully_shard")
-        self.model = model
+        self.model = model  # an FSDPModule too: `fsdp` is the same object, typed as one
         self.fsdp = model
         self.params = list(params)
         self.hold = hold
         self._device = self.params[0].device  # NCCL reduces only device tensors
-        model.set_reshard_after_forward(not hold)
-        model.set_reshard_after_backward(not hold)
+        if hold:  # FSDP's defaults otherwise (its root keeps its weights from forward to backward)
+            model.set_reshard_after_forward(False)
+            model.set_reshard_after_backward(False)
         model.set_requires_gradient_sync(False)
         self._gathered = False
 
     @classmethod
-    def for_policy(
-        cls, model: torch.nn.Module, params: Sequence[torch.Tensor], policy: str
+    def for_window(
+        cls, model: torch.nn.Module, params: Sequence[torch.Tensor], config: WindowConfig
     ) -> ShardedGradients:
         """Only `microbatches` windows give every rank the same micro-batch count, which
-        FSDP's per-module gathers need; every other policy gathers once a window and holds."""
-        return cls(model, params, hold=policy != "microbatches")
+        FSDP's per-module gathers need; every other policy gathers once a window and holds.
+        `grad_norm` (its noise statistics need each rank's unreduced sum) and compression
+        (FSDP reduce-scatters in full precision) are refused."""
+        check_window(config)
+        return cls(model, params, hold=config.policy != "microbatches")
 
     def start_window(self) -> None:
         self._gathered = False
@@ -159,7 +185,7 @@ class ShardedGradients:
         float64 all-reduce; taken after normalizing, as a replicated close takes it)."""
         square = torch.zeros(1, dtype=torch.float64, device=self._device)
         for grad in self.tensors():
-            square += torch.sum(grad.double() ** 2)
+            square += torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
         dist.all_reduce(square)
         return math.sqrt(float(square))
 
@@ -184,29 +210,23 @@ class ShardedGradients:
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def _names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The optimizer's parameters' names, in torch's state-dict order (0, 1, ... across
-    groups)."""
-    by_id = {id(p): name for name, p in model.named_parameters()}
-    return [by_id[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
 def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """(model, optimizer) state dicts of full tensors on rank 0's CPU (empty elsewhere), the
-    optimizer's keyed by index as `Optimizer.state_dict()` keys them. A collective."""
+    optimizer's exactly as a replicated `Optimizer.state_dict()` (keyed by index, its param
+    groups its own). A collective: every rank holds the same state keys in the same order.
+
+    The optimizer state is gathered here rather than by torch's `get_optimizer_state_dict`,
+    which takes a step at LR 0 to create the state of an optimizer that has none, and does
+    not know schedule-free AdamW's."""
     model_state = get_model_state_dict(model, options=_FULL)
-    named = cast(dict[str, Any], get_optimizer_state_dict(model, optimizer, options=_FULL))
-    if not named:
-        return model_state, {}
-    index = {name: i for i, name in enumerate(_names(model, optimizer))}
-    optimizer_state = {
-        "state": {index[name]: value for name, value in named["state"].items()},
-        "param_groups": [
-            {**group, "params": [index[name] for name in group["params"]]}
-            for group in named["param_groups"]
-        ],
+    local = optimizer.state_dict()
+    state = {
+        index: {key: _full(value) for key, value in slot.items()}
+        for index, slot in local["state"].items()
     }
-    return model_state, optimizer_state
+    if dist.get_rank() != 0:
+        return model_state, {}
+    return model_state, {"state": state, "param_groups": local["param_groups"]}
 
 
 def load_full_state(
@@ -216,26 +236,43 @@ def load_full_state(
     optimizer_state: dict,
 ) -> None:
     """Load full (replicated-format) state dicts, which every rank holds, into the shards."""
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, model_state, options=options)
-    names = _names(model, optimizer)
-    named = {
-        "state": {names[int(i)]: value for i, value in optimizer_state["state"].items()},
-        "param_groups": [
-            {**group, "params": [names[int(i)] for i in group["params"]]}
-            for group in optimizer_state["param_groups"]
-        ],
+    set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {
+        index: {key: _shard_like(value, params[int(index)]) for key, value in slot.items()}
+        for index, slot in optimizer_state["state"].items()
     }
-    set_optimizer_state_dict(model, optimizer, cast(Any, named), options=options)
+    optimizer.load_state_dict({**optimizer_state, "state": state})
+
+
+def _full(value: Any) -> Any:
+    """A state value as a full CPU tensor (a DTensor gathered); anything else as it is."""
+    if isinstance(value, DTensor):
+        return value.full_tensor().cpu()
+    return value.cpu().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _shard_like(value: Any, param: torch.Tensor) -> Any:
+    """A full state tensor of `param`'s shape, cut to `param`'s sharding (scalars, such as
+    AdamW's step, stay as they are)."""
+    if not (isinstance(param, DTensor) and isinstance(value, torch.Tensor)):
+        return value
+    if value.shape != param.shape:
+        return value
+    return distribute_tensor(
+        value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+    )
 
 
 def full_ema_state(state: dict, sources: Sequence[torch.Tensor]) -> dict:
     """An `EmaBank.state_dict()` of local shards, with each average gathered to its full
-    tensor (`sources`: the tensors the bank averages, DTensors where sharded). A collective."""
-    averages = {
-        frac: [_gathered(a, source) for a, source in zip(avg, sources, strict=True)]
-        for frac, avg in state["averages"].items()
-    }
+    tensor on rank 0's CPU (`sources`: the tensors the bank averages, DTensors where sharded;
+    other ranks keep none). A collective."""
+    keep = dist.get_rank() == 0
+    averages = {}
+    for frac, avg in state["averages"].items():
+        gathered = [_gathered(a, source) for a, source in zip(avg, sources, strict=True)]
+        averages[frac] = gathered if keep else []
     return {**state, "averages": averages}
 
 

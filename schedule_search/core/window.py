@@ -39,7 +39,6 @@ from schedule_search.core.reduction import (
     Compression,
     Gradients,
     ReplicatedGradients,
-    broadcast_parameters,
     distributed,
 )
 
@@ -47,7 +46,6 @@ __all__ = [
     "WindowAccumulator",
     "WindowConfig",
     "WindowRecord",
-    "broadcast_parameters",
     "estimated_snr",
 ]
 

@@ -29,6 +29,7 @@ adds the sampled fraction to the EMA bank.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,6 +199,7 @@ def load_space(path: str | Path, check_task: bool = True) -> SearchSpace:
                     build_task(config.task, config.seed, source)
             except ConfigError as err:
                 raise ConfigError(f"{err} (from params.{key} = {value!r})") from None
+    _check_pairs(space, source)
     for i, point in enumerate(space.points_to_evaluate):
         _check_point(space, point, f"{source}: points_to_evaluate[{i}]")
     kinds = {base.schedule.kind}
@@ -209,6 +211,19 @@ def load_space(path: str | Path, check_task: bool = True) -> SearchSpace:
             "schedules (constant, poly); use fifo for cosine, linear or wsd"
         )
     return space
+
+
+def _check_pairs(space: SearchSpace, source: str) -> None:
+    """Every pair of searched keys at their corners makes a valid config, so that no sampled
+    combination (`sharding: fsdp` with `window.policy: grad_norm`, say) fails mid-sweep."""
+    for (key, param), (other, other_param) in itertools.combinations(space.params.items(), 2):
+        for value, other_value in itertools.product(param.corners(), other_param.corners()):
+            try:
+                trial_config(space, {key: value, other: other_value}, source)
+            except ConfigError as err:
+                raise ConfigError(
+                    f"{err} (from params.{key} = {value!r} with params.{other} = {other_value!r})"
+                ) from None
 
 
 #: Sections a search may not vary, and why.

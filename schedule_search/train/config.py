@@ -13,7 +13,7 @@ from schedule_search.core.averaging import EmaConfig
 from schedule_search.core.config import STRICT, ConfigError, Positive, load_yaml, parse
 from schedule_search.core.optimizer import OptimizerConfig
 from schedule_search.core.schedules import ScheduleConfig
-from schedule_search.core.sharding import Sharding
+from schedule_search.core.sharding import Sharding, check_window
 from schedule_search.core.window import WindowConfig
 
 __all__ = [
@@ -83,15 +83,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if "name" not in self.task:
             raise ValueError("task.name: required key is missing")
-        if self.sharding == "fsdp" and self.window.policy == "grad_norm":
-            raise ValueError(
-                "sharding: fsdp does not run the grad_norm window policy (its noise statistics "
-                "need each rank's unreduced gradient sum); use microbatches, tokens or seconds"
-            )
-        if self.sharding == "fsdp" and self.window.compression != "none":
-            raise ValueError(
-                "window.compression: fsdp reduce-scatters in full precision; expected none"
-            )
+        if self.sharding == "fsdp":
+            check_window(self.window)
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

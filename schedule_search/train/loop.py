@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 
 from schedule_search.core import checkpoint as ckpt
-from schedule_search.core.averaging import EmaBank, averaged_tensors
+from schedule_search.core.averaging import EmaBank
 from schedule_search.core.clock import TokenClock
-from schedule_search.core.sharding import ShardedGradients, local_tensors, shard_model
+from schedule_search.core.sharding import ShardedGradients, shard_model
 from schedule_search.core.states import State
 from schedule_search.core.window import WindowAccumulator, WindowRecord
 from schedule_search.tasks.protocol import Task
 from schedule_search.tasks.registry import build_task
-from schedule_search.train.config import TrainConfig
+from schedule_search.train.config import TrainConfig, check_workers
 from schedule_search.train.evaluation import Evaluation, WindowStats, evaluate_losses
 from schedule_search.train.session import Session, WindowLog, log_event
 from schedule_search.train.state import Progress, Trainee, TrainResult, restore, snapshot
@@ -128,11 +128,7 @@ class _Run:
         model = task.build_model().to(device)
         n_params = task.chinchilla_params(model)
         if config.sharding == "fsdp":
-            if session.world_size < 2:
-                raise ValueError(
-                    "sharding: fsdp shards across a run's workers and this run has one; "
-                    "use 2 or more workers (--workers), or sharding: replicated"
-                )
+            check_workers(config.sharding, session.world_size, source)
             model = shard_model(model)
         params = list(model.parameters())
         clock = TokenClock(
@@ -145,13 +141,12 @@ class _Run:
         gradients = None
         if config.sharding == "fsdp":
             trained = [p for p in params if p.requires_grad]
-            gradients = ShardedGradients.for_policy(model, trained, config.window.policy)
+            gradients = ShardedGradients.for_window(model, trained, config.window)
         trainee = Trainee(
             model=model,
             optimizer=optimizer,
             window=WindowAccumulator(params, optimizer, config.window, gradients=gradients),
-            # Over the local shards where sharded: each rank averages its own.
-            ema=EmaBank(local_tensors(averaged_tensors(model)), config.ema.fractions),
+            ema=EmaBank.of(model, config.ema.fractions),
         )
         return cls(
             task=task,

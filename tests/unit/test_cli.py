@@ -22,7 +22,10 @@ BAD_TRAIN_CONFIGS = [
     ({"seed": -1}, "seed"),
     ({"surprise": 1}, "surprise: unknown key"),
     ({"sharding": "zero3"}, "sharding"),
-    ({"sharding": "fsdp", "window": {"policy": "grad_norm"}}, "sharding: fsdp does not run"),
+    (
+        {"sharding": "fsdp", "window": {"policy": "grad_norm"}},
+        "window.policy: grad_norm does not run sharded",
+    ),
     ({"sharding": "fsdp", "window": {"compression": "int8"}}, "window.compression"),
     ({"sharding": "fsdp"}, "sharding: fsdp shards across a run's workers and this one has 1"),
     ([1, 2, 3], "expected a mapping"),

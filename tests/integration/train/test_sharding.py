@@ -1,14 +1,17 @@
 """A sharded (fsdp) training run and a replicated one of the same config, each on two real
 gloo ranks, end in the same checkpoint bit for bit: parameters, AdamW state, every EMA of the
 bank (averaged over local shards), every held-out loss (evaluated with each EMA swapped into
-the shards) and the token clock. The sharded checkpoint is the replicated format, so either
-resumes the other, on any world size. Schedule-free AdamW's evaluation switch (its averaged
+the shards) and the token clock. The sharded checkpoint is the replicated format: a sharded
+run resumed replicated from its first checkpoint, and a replicated one resumed sharded, end
+where the straight runs end. Schedule-free AdamW's evaluation switch (its averaged
 weights swapped into the shards and back) is exact sharded too."""
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from helpers import run_ranks
 
 from schedule_search.core import checkpoint as ckpt
@@ -34,21 +37,34 @@ def config(sharding: str, policy: str, optimizer: str) -> TrainConfig:
 CASES = [("microbatches", "adamw"), ("tokens", "schedulefree_adamw")]
 
 
+SHARDINGS = ("replicated", "fsdp")
+
+
 def train_every_case(rank: int, world: int, root: str) -> None:
-    """Both cases, replicated then sharded, in one process group (spawning is most of the
-    cost)."""
+    """Both cases, replicated then sharded, then each resumed from the other's first
+    checkpoint, in one process group (spawning is most of the cost)."""
     for policy, optimizer in CASES:
-        for sharding in ("replicated", "fsdp"):
+        for sharding in SHARDINGS:
             run = config(sharding, policy, optimizer)
             result = train(run, LocalSession(Path(root) / policy / sharding, run.checkpoint.keep))
             assert result.status == "completed"
+        for saved, resumed in (SHARDINGS, reversed(SHARDINGS)):
+            crossed = Path(root) / policy / f"{saved}-then-{resumed}"
+            if rank == 0:
+                first = ckpt.checkpoint_folders(Path(root) / policy / saved / "checkpoints")[0]
+                shutil.copytree(first, crossed / "checkpoints" / first.name)
+            dist.barrier()
+            run = config(resumed, policy, optimizer)
+            assert train(run, LocalSession(crossed, run.checkpoint.keep)).status == "completed"
 
 
 def assert_same_checkpoint(a: dict, b: dict) -> None:
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
     for index, slot in a["optimizer"]["state"].items():
+        assert slot.keys() == b["optimizer"]["state"][index].keys()
         assert all(torch.equal(v, b["optimizer"]["state"][index][k]) for k, v in slot.items())
     for frac, averages in a["ema"]["averages"].items():
         assert all(
@@ -70,8 +86,13 @@ def test_sharded_runs_end_in_the_replicated_runs_checkpoints(tmp_path):
     schedule-free AdamW (the gathered weights held through each window)."""
     run_ranks(train_every_case, 2, str(tmp_path))
     for policy, _ in CASES:
-        states = {
-            sharding: ckpt.load_latest(tmp_path / policy / sharding / "checkpoints")[1]
-            for sharding in ("replicated", "fsdp")
-        }
-        assert_same_checkpoint(states["replicated"], states["fsdp"])
+
+        def final(run: str, policy: str = policy) -> dict:
+            return ckpt.load_latest(tmp_path / policy / run / "checkpoints")[1]
+
+        assert_same_checkpoint(final("replicated"), final("fsdp"))
+        # Resumed in the other sharding from the first checkpoint: where the straight run ends.
+        assert_same_checkpoint(final("fsdp-then-replicated"), final("replicated"))
+        assert_same_checkpoint(final("replicated-then-fsdp"), final("fsdp"))
+        events = (tmp_path / policy / "replicated-then-fsdp" / "events.jsonl").read_text()
+        assert '"resumed"' in events

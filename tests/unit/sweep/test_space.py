@@ -150,6 +150,18 @@ def test_a_sharded_space_needs_two_workers(tmp_path, capsys, space):
     assert not storage.exists()
 
 
+def test_a_combination_of_searched_keys_that_cannot_run_is_refused_before_launch(tmp_path, capsys):
+    space = variant("params/sharding", {"type": "choice", "values": ["replicated", "fsdp"]})
+    space["params"]["window.policy"] = {"type": "choice", "values": ["microbatches", "grad_norm"]}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    storage = tmp_path / "runs"
+    assert main(["sweep", str(path), "--storage", str(storage), "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "grad_norm does not run sharded" in err and "with params." in err, err
+    assert err.count("\n") == 1 and not storage.exists()
+
+
 @pytest.mark.parametrize("flags, message", BAD_FLAGS)
 def test_bad_sweep_flags(tmp_path, capsys, flags, message):
     path = tmp_path / "space.yaml"
