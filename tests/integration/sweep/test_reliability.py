@@ -86,7 +86,7 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
         "base": {
             "task": {"name": "linreg", "dim": 256, "batch": 16},
             "window": {"policy": "microbatches", "microbatches": 2},
-            "budget": {"horizon": 8.0, "eval_at": [float(m) for m in range(1, 8)]},
+            "budget": {"horizon": 6.0, "eval_at": [float(m) for m in range(1, 6)]},
             "sharding": "fsdp",
         },
         "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},

@@ -26,7 +26,7 @@ def config(sharding: str, policy: str, optimizer: str) -> TrainConfig:
     data = {
         "task": {"name": "tinylm", **tiny, "max_bytes": 200_000, "eval_batches": 2},
         "window": {"policy": policy, "microbatches": 3, "tokens": 384},
-        "budget": {"horizon": 0.04, "eval_at": [0.02]},
+        "budget": {"horizon": 0.03, "eval_at": [0.015]},
         "ema": {"fractions": [0.0, 0.04, 0.16], "objective": 0.04},
         "optimizer": {"name": optimizer, "lr": 0.01},
         "sharding": sharding,
