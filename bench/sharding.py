@@ -79,7 +79,7 @@ def _train(
     config = parse(
         WindowConfig, {"policy": policy, "microbatches": k, "tokens": k * 64 * world}, "bench"
     )
-    gradients = ShardedGradients.for_policy(model, params, policy) if sharding == "fsdp" else None
+    gradients = ShardedGradients.for_window(model, params, config) if sharding == "fsdp" else None
     window = WindowAccumulator(params, optimizer, config, gradients=gradients)
     tokens, tick, started = 0, 0, 0.0
     for index in range(windows + 1):
