@@ -286,20 +286,18 @@ def local_ema_state(state: dict, sources: Sequence[torch.Tensor]) -> dict:
 
 
 def _gathered(local: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    if not isinstance(source, DTensor):
-        return local.cpu().clone()
-    spread = DTensor.from_local(
-        local, source.device_mesh, source.placements, shape=source.shape, stride=source.stride()
-    )
-    return spread.full_tensor().cpu()
+    """A local shard of `source` (an EMA's) as the full CPU tensor."""
+    if isinstance(source, DTensor):
+        local = DTensor.from_local(
+            local, source.device_mesh, source.placements, shape=source.shape, stride=source.stride()
+        )
+    return _full(local)
 
 
 def _local_shard(full: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """A full EMA average cut to this rank's shard of `source`."""
     if not isinstance(source, DTensor):
         return full
-    mine = distribute_tensor(
-        full.to(source.device), source.device_mesh, source.placements, src_data_rank=None
-    ).to_local()
-    if mine.shape != source.to_local().shape:
-        raise ValueError(f"an EMA shard of shape {tuple(mine.shape)} does not fit {source.shape}")
-    return mine
+    if full.shape != source.shape:
+        raise ValueError(f"an EMA average of shape {tuple(full.shape)} does not fit {source.shape}")
+    return _shard_like(full, source).to_local()
