@@ -234,12 +234,15 @@ class TransferStudy:
         for spec in self.grids(finished):
             for lr in spec.to_run(finished):
                 runs[spec.run_name(lr)] = spec.config(self, lr)
+        # Branches and continuations look their checkpoint up only while they are to run: a
+        # finished one needs nothing of its trunk (whose checkpoints may be pruned since).
         if "wsd" in self.methods and "constant" in finished:
             for prefix, (share, _, _) in WSD.items():
                 for h in self.horizons:
-                    trunk = checkpoint_at("constant", (1 - share) * h)
-                    runs[f"{prefix}-{h:g}x"] = self.wsd(prefix, h, trunk)
-        if "schedulefree" in self.methods:
+                    if (name := f"{prefix}-{h:g}x") not in finished:
+                        trunk = checkpoint_at("constant", (1 - share) * h)
+                        runs[name] = self.wsd(prefix, h, trunk)
+        if "schedulefree" in self.methods and "schedulefree" not in finished:
             spec = self.schedulefree_grid()
             best = spec.state(finished).best_lr
             if not spec.to_run(finished) and best is not None and self.top > spec.horizon:

@@ -55,36 +55,50 @@ def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str, float]:
 
 def transfer_base(sweep: Experiment, workers: int) -> tuple[TrainConfig, str]:
     """The recipe's config for runs on `workers` workers, scored with the recipe's EMA
-    fraction. A window of micro-batches is counted per rank, so on another number of workers
-    it is rescaled to keep the recipe's tokens per optimizer step (its batch size, which its LR
-    was tuned for)."""
+    fraction (`on_workers`)."""
     base, trial_id, fraction = recipe_config(sweep)
-    tree = to_dict(base)
+    tree = on_workers(to_dict(base), sweep.settings().workers, workers)
     tree["ema"]["objective"] = fraction
-    tuned_on = sweep.settings().workers
-    if workers != tuned_on and base.window.policy == "microbatches":
-        total = base.window.microbatches * tuned_on
-        if total % workers:
-            raise ConfigError(
-                f"--workers {workers}: the recipe steps every {total} micro-batches "
-                f"({base.window.microbatches} per rank on {tuned_on} workers), which {workers} "
-                "workers cannot split evenly"
-            )
-        tree["window"]["microbatches"] = total // workers
     return parse(TrainConfig, tree, f"trial {trial_id} on {workers} workers"), trial_id
+
+
+def on_workers(tree: dict[str, Any], tuned_on: int, workers: int) -> dict[str, Any]:
+    """A config `tree` tuned on `tuned_on` workers, for `workers`: a window of micro-batches is
+    counted per rank, so it is rescaled to keep the tokens per optimizer step (the batch size
+    its LR was tuned for); a `tokens` window counts the total over ranks already."""
+    window = tree["window"]
+    if workers == tuned_on or window["policy"] != "microbatches":
+        return tree
+    total = window["microbatches"] * tuned_on
+    if total % workers:
+        raise ConfigError(
+            f"--workers {workers}: the recipe steps every {total} micro-batches "
+            f"({window['microbatches']} per rank on {tuned_on} workers), which {workers} "
+            "workers cannot split evenly"
+        )
+    return {**tree, "window": {**window, "microbatches": total // workers}}
 
 
 def continuation(sweep: Experiment, trial_id: str, base: TrainConfig, workers: int) -> str | None:
     """The sweep trial's checkpoint at the sweep's horizon, when the recipe run can continue
-    from it: the same config (but for its budget and its objective), the same workers (so the
-    same tokens per step and the same micro-batches), and a checkpoint that got there."""
+    from it: the same config (but for its budget and its objective) and the same tokens per
+    optimizer step, and a checkpoint that got there.
+
+    On another number of workers only windows whose tokens per step do not depend on it
+    (`microbatches`, rescaled by `on_workers`, and `tokens`) continue; the run then draws
+    rank 0's data stream from rank 0's position (`train.state.restore`), fresh text from
+    the same corpus rather than the micro-batches the sweep's other ranks would have drawn."""
     record = sweep.read_trial_json(trial_id, "config.json") or {}
     history = read_records(sweep.trial_dir(trial_id)).history
-    if workers != sweep.settings().workers or not history or "config" not in record:
+    tuned_on = sweep.settings().workers
+    if not history or "config" not in record:
+        return None
+    if workers != tuned_on and base.window.policy not in ("microbatches", "tokens"):
         return None
     ignored = {"budget", "checkpoint", "branch_from"}
     # Both through the parser, so fields added since the sweep ran take their defaults.
     recorded = to_dict(parse(TrainConfig, record["config"], f"trial {trial_id}"))
+    recorded = on_workers(recorded, tuned_on, workers)
     trained, ours = (json.loads(json.dumps(tree)) for tree in (recorded, to_dict(base)))
     for tree in (trained, ours):
         tree["ema"]["objective"] = None

@@ -3,7 +3,8 @@ gloo ranks, end in the same checkpoint bit for bit: parameters, AdamW state, eve
 bank (averaged over local shards), every held-out loss (evaluated with each EMA swapped into
 the shards) and the token clock. The sharded checkpoint is the replicated format: a sharded
 run resumed replicated from its first checkpoint, and a replicated one resumed sharded, end
-where the straight runs end. Schedule-free AdamW's evaluation switch (its averaged
+where the straight runs end; on one rank, with the tokens per step kept, it keeps the clock.
+Schedule-free AdamW's evaluation switch (its averaged
 weights swapped into the shards and back) is exact sharded too."""
 
 import shutil
@@ -21,11 +22,11 @@ from schedule_search.train.loop import train
 from schedule_search.train.session import LocalSession
 
 
-def config(sharding: str, policy: str, optimizer: str) -> TrainConfig:
+def config(sharding: str, policy: str, optimizer: str, microbatches: int = 3) -> TrainConfig:
     tiny = {"d_model": 32, "n_layer": 2, "n_head": 2, "context": 32, "batch": 4}
     data = {
         "task": {"name": "tinylm", **tiny, "max_bytes": 200_000, "eval_batches": 2},
-        "window": {"policy": policy, "microbatches": 3, "tokens": 384},
+        "window": {"policy": policy, "microbatches": microbatches, "tokens": 384},
         "budget": {"horizon": 0.03, "eval_at": [0.015]},
         "ema": {"fractions": [0.0, 0.04, 0.16], "objective": 0.04},
         "optimizer": {"name": optimizer, "lr": 0.01},

@@ -19,7 +19,7 @@ from schedule_search.recipe import load_recipe
 from schedule_search.sweep.experiment import Experiment
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.launch import run_local
-from schedule_search.transfer.run import run_names, transfer_base
+from schedule_search.transfer.run import continuation, run_names, transfer_base
 
 
 @pytest.mark.slow
@@ -74,6 +74,11 @@ def test_small_transfer_on_linreg(tmp_path):
     assert not (sweep.root / "transfer").exists()  # nothing launched
     # On another number of workers the window keeps the recipe's tokens per step.
     assert transfer_base(sweep, 2)[0].window.microbatches == 1
+    # ... so the recipe continues from the sweep's checkpoint there too.
+    trial_id = load_recipe(recipe).spec.source["trial_id"]
+    on_one = continuation(sweep, trial_id, transfer_base(sweep, 1)[0], 1)
+    assert on_one is not None
+    assert continuation(sweep, trial_id, transfer_base(sweep, 2)[0], 2) == on_one
 
     # SIGKILL of the transfer's driver (and its Ray) once a run has finished and another has
     # started but not yet evaluated (its config written, no metrics); run it again.

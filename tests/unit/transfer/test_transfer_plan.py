@@ -141,6 +141,12 @@ def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
     assert continued["optimizer"]["lr"] == 0.1 and continued["budget"]["horizon"] == 4.0
     assert continued["branch_from"] == "/ckpt/schedulefree-lr0.1/1"
 
+    # Once the branches and the continuation have finished, their trunks' checkpoints are
+    # not looked up again (they may have been pruned), and nothing is left to run.
+    for name in runs:
+        finished[name] = history((4.0, 0.7))
+    assert s.pending(finished, no_checkpoints) == {}
+
 
 def test_the_table_scores_each_row_by_its_protocol_against_both_envelopes():
     s = study(methods=["recipe", "cosine", "linear"], horizons=[1.0, 2.0], continue_from="/c")
