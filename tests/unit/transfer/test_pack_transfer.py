@@ -1,0 +1,91 @@
+"""bench/pack_transfer.py carries a stopped transfer to another machine: every record, and of
+the checkpoints only those the rest of the study needs."""
+
+import importlib.util
+import json
+import tarfile
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[3] / "bench" / "pack_transfer.py"
+spec = importlib.util.spec_from_file_location("pack_transfer", SCRIPT)
+assert spec is not None and spec.loader is not None
+pack_transfer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pack_transfer)
+
+
+def trial(rnd: Path, trial_id: str, run: str, checkpoints: list[int], finished: bool) -> None:
+    folder = rnd / "trials" / trial_id
+    folder.mkdir(parents=True)
+    train_run = f"run-{trial_id}"
+    config = {"params": {"run": run}, "train_run": train_run, "config": {}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "metrics.json").write_text("[]")
+    (folder / "windows.jsonl").write_text("{}\n")
+    if finished:
+        (folder / "result.json").write_text('{"state": "completed"}')
+    for tokens in checkpoints:
+        state(rnd / "train" / train_run, tokens)
+
+
+def state(train_dir: Path, tokens: int) -> Path:
+    path = train_dir / f"checkpoint_{tokens:015d}" / "state.pt"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"x")
+    return path.parent
+
+
+def build(tmp_path: Path, branches_finished: bool) -> None:
+    root = tmp_path / "runs" / "s"
+    start = state(root / "train" / "run-sweep", 40)
+    state(root / "train" / "run-sweep", 20)
+    (root / "transfer").mkdir()
+    plan = {"continued_from": str(start), "horizons": [1.0, 2.0]}
+    (root / "transfer" / "plan.json").write_text(json.dumps(plan))
+    first, second = root / "transfer" / "round1", root / "transfer" / "round2"
+    trial(first, "a", "constant", [10, 20, 30], finished=True)
+    trial(first, "b", "cosine-1x-lr0.1", [10, 20], finished=True)
+    trial(second, "c", "cosine-2x-lr0.1", [10, 20], finished=False)
+    trial(first, "f", "schedulefree-lr0.1", [5], finished=True)
+    trial(second, "g", "schedulefree", [], finished=branches_finished)
+    for i, h in enumerate((1, 2)):
+        trial(second, f"w{i}", f"wsd-{h}x", [], finished=True)
+        trial(second, f"q{i}", f"wsd-sqrt-{h}x", [], finished=branches_finished)
+
+
+def packed(tmp_path: Path) -> list[str]:
+    out = tmp_path / "state.tar.gz"
+    pack_transfer.pack(tmp_path / "runs", "s", out)
+    with tarfile.open(out) as tar:
+        return tar.getnames()
+
+
+def checkpoints(names: list[str]) -> set[str]:
+    """'<train run>@<tokens>' of every checkpoint packed."""
+    return {
+        f"{n.split('/')[-3]}@{int(n.split('/')[-2].removeprefix('checkpoint_'))}"
+        for n in names
+        if n.endswith("/state.pt")
+    }
+
+
+def test_only_the_checkpoints_the_rest_of_the_study_needs_are_packed(tmp_path):
+    build(tmp_path / "open", branches_finished=False)
+    names = packed(tmp_path / "open")
+    # The recipe's start, the unfinished runs' newest, and the trunks whose branches are open.
+    assert checkpoints(names) == {
+        "run-sweep@40",
+        "run-c@20",
+        "run-a@10",
+        "run-a@20",
+        "run-a@30",
+        "run-f@5",
+    }
+    assert not any(n.endswith("windows.jsonl") for n in names)
+    for record in ("config.json", "metrics.json", "result.json"):
+        assert f"s/transfer/round1/trials/b/{record}" in names
+    assert "s/transfer/plan.json" in names
+
+    # Once every branch has finished, the trunks' checkpoints are left behind.
+    build(tmp_path / "closed", branches_finished=True)
+    names = packed(tmp_path / "closed")
+    assert checkpoints(names) == {"run-sweep@40", "run-c@20"}
