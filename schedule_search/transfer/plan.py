@@ -224,8 +224,17 @@ class TransferStudy:
         return GridSpec("schedulefree", self.sweep_horizon, lrs)
 
     # -- what can run now -------------------------------------------------------------------
-    def pending(self, finished: dict[str, History], checkpoint_at: CheckpointAt) -> dict:
-        """name -> config of every run that can start now and has not finished."""
+    def pending(
+        self,
+        finished: dict[str, History],
+        checkpoint_at: CheckpointAt,
+        ended: frozenset[str] = frozenset(),
+    ) -> dict:
+        """name -> config of every run that can start now and has not finished.
+
+        `finished` holds the earlier rounds (what decides this round); `ended` names runs that
+        already ended in this round, replayed on resume: they are not pending either."""
+        done = finished.keys() | ended
         runs: dict[str, dict[str, Any]] = {}
         if "recipe" in self.methods:
             runs["recipe"] = self.recipe()
@@ -234,15 +243,15 @@ class TransferStudy:
         for spec in self.grids(finished):
             for lr in spec.to_run(finished):
                 runs[spec.run_name(lr)] = spec.config(self, lr)
-        # Branches and continuations look their checkpoint up only while they are to run: a
-        # finished one needs nothing of its trunk (whose checkpoints may be pruned since).
+        # Branches and continuations look their checkpoint up only while they are to run: an
+        # ended one needs nothing of its trunk (whose checkpoints may be pruned since).
         if "wsd" in self.methods and "constant" in finished:
             for prefix, (share, _, _) in WSD.items():
                 for h in self.horizons:
-                    if (name := f"{prefix}-{h:g}x") not in finished:
+                    if (name := f"{prefix}-{h:g}x") not in done:
                         trunk = checkpoint_at("constant", (1 - share) * h)
                         runs[name] = self.wsd(prefix, h, trunk)
-        if "schedulefree" in self.methods and "schedulefree" not in finished:
+        if "schedulefree" in self.methods and "schedulefree" not in done:
             spec = self.schedulefree_grid()
             best = spec.state(finished).best_lr
             if not spec.to_run(finished) and best is not None and self.top > spec.horizon:
@@ -250,7 +259,7 @@ class TransferStudy:
                 runs["schedulefree"] = self.schedulefree(best, self.top, str(start))
         for name, config in runs.items():  # validated here, not inside a trial
             parse(TrainConfig, config, f"transfer run {name}")
-        return {name: config for name, config in runs.items() if name not in finished}
+        return {name: config for name, config in runs.items() if name not in done}
 
 
 def canonical(lr: float) -> float:

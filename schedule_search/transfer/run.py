@@ -183,10 +183,12 @@ def _run_rounds(
         raise RuntimeError(f"run {run} has no checkpoint at or after {multiple:g}x")
 
     for number in itertools.count(1):
-        pending = study.pending(finished, checkpoint_at)
-        if not pending:
-            break
         phase = Experiment(root / f"round{number}")
+        # On resume a round is replayed: what ended in it is read back, not planned again.
+        ended = frozenset(_ended(phase))
+        pending = study.pending(finished, checkpoint_at, ended)
+        if not pending and not ended:
+            break
         # Longest runs first: with runs in parallel, a long run started last would train alone.
         names = sorted(pending, key=lambda n: (-_span(pending[n], study)[1], n))
         if not _all_finished(phase, names):
@@ -263,15 +265,17 @@ class Unfinished(Exception):
     """The transfer stopped with runs unfinished (interrupted, or a run failed for good)."""
 
 
+def _ended(phase: Experiment) -> list[str]:
+    """Runs of this round with an ending recorded."""
+    trial_ids = run_names(phase) if phase.root.exists() else {}
+    return [n for n, trial in trial_ids.items() if phase.read_trial_json(trial, "result.json")]
+
+
 def _unfinished(phase: Experiment, names: list[str]) -> list[str]:
     """Runs of `names` without an ending recorded (a run still pending, killed before its
     first evaluation, counts as unfinished too)."""
-    trial_ids = run_names(phase) if phase.root.exists() else {}
-    return [
-        n
-        for n in names
-        if n not in trial_ids or not phase.read_trial_json(trial_ids[n], "result.json")
-    ]
+    ended = set(_ended(phase))
+    return [n for n in names if n not in ended]
 
 
 def _all_finished(phase: Experiment, names: list[str]) -> bool:

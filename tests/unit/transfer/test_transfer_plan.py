@@ -141,6 +141,12 @@ def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
     assert continued["optimizer"]["lr"] == 0.1 and continued["budget"]["horizon"] == 4.0
     assert continued["branch_from"] == "/ckpt/schedulefree-lr0.1/1"
 
+    # Replaying this round on resume, with what ended in it read back: the trunks'
+    # checkpoints (pruned since) are not looked up, and nothing of it is pending again.
+    assert s.pending(finished, no_checkpoints, frozenset(runs)) == {}
+    partly = s.pending(finished, checkpoint_at, frozenset(["wsd-4x", "schedulefree"]))
+    assert "wsd-4x" not in partly and "schedulefree" not in partly and "wsd-2x" in partly
+
     # Once the branches and the continuation have finished, their trunks' checkpoints are
     # not looked up again (they may have been pruned), and nothing is left to run.
     for name in runs:
