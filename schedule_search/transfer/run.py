@@ -191,7 +191,7 @@ def _run_rounds(
             break
         # Longest runs first: with runs in parallel, a long run started last would train alone.
         names = sorted(pending, key=lambda n: (-_span(pending[n], study)[1], n))
-        if not _all_finished(phase, names):
+        if names:  # what ended in this round is not pending: only the rest runs
             run_tune(
                 phase,
                 settings,
@@ -276,10 +276,6 @@ def _unfinished(phase: Experiment, names: list[str]) -> list[str]:
     first evaluation, counts as unfinished too)."""
     ended = set(_ended(phase))
     return [n for n in names if n not in ended]
-
-
-def _all_finished(phase: Experiment, names: list[str]) -> bool:
-    return not _unfinished(phase, names)
 
 
 def _require_finished(phase: Experiment, names: list[str]) -> None:
