@@ -9,14 +9,14 @@ would pick instead, each tuned the way it would be in practice.
 - wsd: branches off the constant run, decaying linearly to 10% over the last 10% of each
   horizon; wsd-sqrt: decaying as 1 - sqrt to exactly 0 over the last 20% (Hagele et al. 2024).
 - schedulefree: schedule-free AdamW (Defazio et al. 2024), its LR picked at the sweep's
-  horizon on a grid, the winner continued to the largest horizon; evaluated at its averaged
-  weights.
+  horizon on a grid centred where its authors say to start (`SCHEDULE_FREE_LR`), the winner
+  continued to the largest horizon; evaluated at its averaged weights.
 - cosine (to 10% of peak, the paper's baseline) and linear (decay to zero, Bergsma et al.
   2025): one run per horizon per LR, on grids extended at whichever edge holds the best point
   until it is interior (`lr_grid`); the best of each is an envelope. Compute goes where it
-  decides the envelope: cosine's grid at the first horizon is centred on the recipe's LR and
-  at each later horizon on cosine's best at the horizon before; linear's on cosine's best at
-  the same horizon. A grid starts once the grid it is centred on has settled.
+  decides the envelope: each kind's grid at the first horizon is centred on the recipe's LR
+  and at each later horizon on its own best at the horizon before. A grid starts once the
+  grid it is centred on has settled.
 
 The study is a function of finished results: `pending(finished)` says which runs can start
 now, so the runner goes round by round and a killed transfer decides the same rounds again.
@@ -42,6 +42,7 @@ __all__ = [
     "GRID",
     "MAX_EXTENSIONS",
     "METHODS",
+    "SCHEDULE_FREE_LR",
     "WSD",
     "GridSpec",
     "TransferStudy",
@@ -52,9 +53,12 @@ __all__ = [
 ]
 
 METHODS = ("recipe", "constant", "schedulefree", "cosine", "linear", "wsd")
-#: Initial LR grids, as factors of their centre (`TransferStudy.centre`; schedule-free's is the
-#: recipe's LR); every grid is extended by x2 steps at an edge.
+#: Initial LR grids, as factors of their centre (`TransferStudy.centre`; schedule-free's is
+#: `SCHEDULE_FREE_LR` times the recipe's LR); every grid is extended by x2 steps at an edge.
 GRID = (0.5, 1.0, 2.0)
+#: Schedule-free AdamW's README: "a good starting point is 1x to 10x larger than
+#: schedule-based approaches"; its grid is centred on the geometric middle of that range.
+SCHEDULE_FREE_LR = math.sqrt(10.0)
 MAX_EXTENSIONS = 2  # per side; where the best is still at an edge the table marks it
 FLOOR = 0.1
 #: WSD branches: name prefix -> (share of the horizon the cooldown takes, cooldown, floor).
@@ -187,24 +191,23 @@ class TransferStudy:
         """The LR grid of `kind` (cosine, linear, schedulefree) at `horizon`, or None while the
         grid it is centred on has not settled (`centre`)."""
         if kind == "schedulefree":
-            return GridSpec(kind, horizon, tuple(self.base.optimizer.lr * f for f in GRID))
+            return self.schedulefree_grid()
         centre = self.centre(kind, horizon, finished)
         if centre is None:
             return None
         return GridSpec(kind, horizon, tuple(centre * f for f in GRID))
 
     def centre(self, kind: str, horizon: float, finished: dict[str, History]) -> float | None:
-        """The LR a grid is centred on: cosine's at the first horizon is the recipe's, at every
-        later one cosine's best at the horizon before (the optimum moves little from one
-        doubling to the next, so the long grids, which cost most, rarely need extending);
-        linear-to-zero's is cosine's best at the same horizon. None until that grid settles."""
-        if kind == "cosine":
-            shorter = [h for h in self.horizons if h < horizon]
-            if not shorter:
-                return self.base.optimizer.lr
-            anchor = self.grid("cosine", shorter[-1], finished)
-        else:
-            anchor = self.grid("cosine", horizon, finished)
+        """The LR a grid is centred on: at the first horizon the recipe's, at every later one
+        the same kind's best at the horizon before (the optimum moves little from one doubling
+        to the next, so the long grids, which cost most, rarely need extending). Each kind
+        follows its own chain, so cosine and linear grids of one horizon run side by side:
+        runs of equal length fill the parallel slots of a round, and a study takes a round a
+        horizon (plus extensions), not two. None until the grid before has settled."""
+        shorter = [h for h in self.horizons if h < horizon]
+        if not shorter:
+            return self.base.optimizer.lr
+        anchor = self.grid(kind, shorter[-1], finished)
         if anchor is None or anchor.to_run(finished):
             return None
         return anchor.state(finished).best_lr
@@ -220,8 +223,8 @@ class TransferStudy:
 
     def schedulefree_grid(self) -> GridSpec:
         """Schedule-free AdamW's LR is picked at the sweep's horizon, like the recipe's."""
-        lrs = tuple(self.base.optimizer.lr * f for f in GRID)
-        return GridSpec("schedulefree", self.sweep_horizon, lrs)
+        centre = SCHEDULE_FREE_LR * self.base.optimizer.lr
+        return GridSpec("schedulefree", self.sweep_horizon, tuple(centre * f for f in GRID))
 
     # -- what can run now -------------------------------------------------------------------
     def pending(

@@ -189,8 +189,9 @@ def _run_rounds(
         pending = study.pending(finished, checkpoint_at, ended)
         if not pending and not ended:
             break
-        # Longest runs first: with runs in parallel, a long run started last would train alone.
-        names = sorted(pending, key=lambda n: (-_span(pending[n], study)[1], n))
+        # Longest runs first (by what they train, a branch from where it starts): with runs in
+        # parallel, a long run started last would train alone.
+        names = sorted(pending, key=lambda n: (-_length(_span(pending[n], study)), n))
         if names:  # what ended in this round is not pending: only the rest runs
             run_tune(
                 phase,
@@ -235,6 +236,11 @@ def _span(config: dict[str, Any], study: TransferStudy) -> tuple[float, float]:
     if schedule["kind"] == "wsd":
         return (1 - schedule["decay_fraction"]) * end, end
     return study.sweep_horizon, end
+
+
+def _length(span: tuple[float, float]) -> float:
+    start, end = span
+    return end - start
 
 
 def _tokens(folder: Path) -> int:

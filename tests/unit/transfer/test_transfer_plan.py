@@ -58,19 +58,24 @@ def test_the_first_round_trains_the_recipe_the_trunk_and_the_grid_start_points()
     # Both WSD branch points of every horizon are evaluations, so checkpoints, of the trunk.
     assert {0.9, 1.8, 3.6, 0.8, 1.6, 3.2} <= set(constant["budget"]["eval_at"])
     assert constant["checkpoint"]["keep"] >= len(constant["budget"]["eval_at"]) + 1
-    # Cosine's grid at the first horizon is centred on the recipe's LR; the later ones wait
-    # for the best LR of the horizon before.
-    cosines = {n: c for n, c in first.items() if n.startswith("cosine-")}
-    assert sorted(cosines) == ["cosine-1x-lr0.05", "cosine-1x-lr0.1", "cosine-1x-lr0.2"]
-    for c in cosines.values():
-        assert c["schedule"]["horizon"] == c["budget"]["horizon"] == 1.0
-        assert c["ema"]["objective"] == 0.0 and len(c["ema"]["fractions"]) >= 7
+    # Both horizon-aware grids at the first horizon are centred on the recipe's LR; the later
+    # ones wait for the best LR of the horizon before.
+    for kind in ("cosine", "linear"):
+        grid = {n: c for n, c in first.items() if n.startswith(f"{kind}-")}
+        assert sorted(grid) == [f"{kind}-1x-lr0.05", f"{kind}-1x-lr0.1", f"{kind}-1x-lr0.2"]
+        for c in grid.values():
+            assert c["schedule"]["kind"] == kind
+            assert c["schedule"]["horizon"] == c["budget"]["horizon"] == 1.0
+            assert c["ema"]["objective"] == 0.0 and len(c["ema"]["fractions"]) >= 7
+    # Schedule-free AdamW's grid: x0.5, x1, x2 of sqrt(10) times the recipe's LR, the middle
+    # of the 1x-10x its authors advise.
     schedule_free = {n: c for n, c in first.items() if n.startswith("schedulefree-")}
-    assert sorted(c["optimizer"]["lr"] for c in schedule_free.values()) == [0.05, 0.1, 0.2]
+    lrs = sorted(c["optimizer"]["lr"] for c in schedule_free.values())
+    assert lrs == pytest.approx([0.1 * math.sqrt(10) * f for f in (0.5, 1, 2)], rel=1e-5)
     for c in schedule_free.values():
         assert c["optimizer"]["name"] == "schedulefree_adamw"
         assert c["schedule"]["kind"] == "constant" and c["budget"]["horizon"] == 1.0
-    assert not any(n.startswith(("linear-", "wsd")) for n in first)
+    assert not any(n.startswith(("cosine-2x", "linear-2x", "wsd")) for n in first)
 
 
 def finish(s, finished, loss_of):
@@ -82,7 +87,11 @@ def finish(s, finished, loss_of):
     return finished
 
 
-def test_grids_extend_at_an_edge_and_start_around_the_best_they_are_centred_on():
+def lrs_of(runs, prefix):
+    return sorted(c["optimizer"]["lr"] for n, c in runs.items() if n.startswith(prefix))
+
+
+def test_each_grid_extends_at_an_edge_and_centres_the_next_horizon_on_its_own_best():
     s = study(methods=["cosine", "linear"])
 
     def loss(kind, h, lr):  # cosine is best near 0.25 (beyond the edge), linear near 0.45
@@ -90,23 +99,23 @@ def test_grids_extend_at_an_edge_and_start_around_the_best_they_are_centred_on()
         return (math.log2(lr) - math.log2(target)) ** 2
 
     finished = finish(s, {}, loss)
-    assert sorted(finished) == ["cosine-1x-lr0.05", "cosine-1x-lr0.1", "cosine-1x-lr0.2"]
+    assert len(finished) == 6  # both grids of the first horizon, side by side
     assert s.centre("cosine", 2.0, finished) is None  # the best is at the edge: not settled
-    assert sorted(s.pending(finished, no_checkpoints)) == ["cosine-1x-lr0.4"]
-    finished = finish(s, finished, loss)  # 0.2 is now interior: cosine at 1x settled
+    assert sorted(s.pending(finished, no_checkpoints)) == ["cosine-1x-lr0.4", "linear-1x-lr0.4"]
+    finished = finish(s, finished, loss)  # cosine's 0.2 is now interior; linear's 0.4 is not
     second = s.pending(finished, no_checkpoints)
-    for prefix in ("cosine-2x", "linear-1x"):  # x0.5, x1, x2 of cosine's best at 1x
-        lrs = sorted(c["optimizer"]["lr"] for n, c in second.items() if n.startswith(prefix))
-        assert lrs == [0.1, 0.2, 0.4], prefix
-    assert second["linear-1x-lr0.2"]["schedule"]["kind"] == "linear"
-    assert not any(n.startswith(("cosine-4x", "linear-2x")) for n in second)
+    assert lrs_of(second, "cosine-2x") == [0.1, 0.2, 0.4]  # x0.5, x1, x2 of its best at 1x
+    assert lrs_of(second, "linear") == [0.8]  # linear at 2x waits for its own 1x to settle
+    finished = finish(s, finished, loss)
+    third = s.pending(finished, no_checkpoints)
+    assert lrs_of(third, "linear-2x") == [0.2, 0.4, 0.8]  # around linear's best, not cosine's
+    assert lrs_of(third, "cosine-4x") == [0.1, 0.2, 0.4]
     while s.pending(finished, no_checkpoints):
         finished = finish(s, finished, loss)
-    for h in (1, 2, 4):
-        assert f"linear-{h}x-lr0.8" in finished  # each extended once past its best (0.4)
-    # Centred on the horizon before, the later cosine grids were interior at once.
-    assert not any(n.startswith(("cosine-2x", "cosine-4x")) and "lr0.05" in n for n in finished)
-    assert not any(n.startswith("cosine") and "lr0.8" in n for n in finished)
+    # Centred on the horizon before, every later grid was interior at once.
+    for kind, grid in (("cosine", (0.1, 0.2, 0.4)), ("linear", (0.2, 0.4, 0.8))):
+        later = [n for n in finished if n.startswith((f"{kind}-2x", f"{kind}-4x"))]
+        assert sorted(later) == sorted(f"{kind}-{h}x-lr{lr:g}" for h in (2, 4) for lr in grid)
     assert s.pending(finished, no_checkpoints) == {}
 
 
@@ -119,8 +128,9 @@ def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
         return Path(f"/ckpt/{run}/{multiple:g}")
 
     finished = {"constant": history((1.0, 1.0), (2.0, 0.9), (4.0, 0.8))}
-    for lr, loss in ((0.05, 1.2), (0.1, 1.0), (0.2, 1.1)):
-        finished[f"schedulefree-lr{lr:g}"] = history((1.0, loss))
+    grid = s.schedulefree_grid()
+    for lr, loss in zip(grid.start, (1.2, 1.0, 1.1), strict=True):
+        finished[grid.run_name(lr)] = history((1.0, loss))
     runs = s.pending(finished, checkpoint_at)
     assert sorted(runs) == [
         "schedulefree",
@@ -138,8 +148,9 @@ def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
     assert linear["cooldown"] == "linear" and linear["decay_fraction"] == 0.1
     assert runs["wsd-4x"]["branch_from"] == "/ckpt/constant/3.6"
     continued = runs["schedulefree"]
-    assert continued["optimizer"]["lr"] == 0.1 and continued["budget"]["horizon"] == 4.0
-    assert continued["branch_from"] == "/ckpt/schedulefree-lr0.1/1"
+    best = grid.start[1]  # the middle of its grid won at the sweep's horizon
+    assert continued["optimizer"]["lr"] == best and continued["budget"]["horizon"] == 4.0
+    assert continued["branch_from"] == f"/ckpt/{grid.run_name(best)}/1"
 
     # Replaying this round on resume, with what ended in it read back: the trunks'
     # checkpoints (pruned since) are not looked up, and nothing of it is pending again.
