@@ -158,8 +158,7 @@ def transfer_table(
     horizons = study.horizons
     envelopes = {
         kind: {score: _envelope(study, kind, runs, score) for score in ("last", "ema")}
-        for kind in ("cosine", "linear")
-        if kind in study.methods
+        for kind in study.envelope_kinds
     }
     rows = _method_rows(study, runs, sweep_history or []) | _reference_rows(study, runs, envelopes)
     both_last = _best_of(envelopes, "last", horizons)
@@ -330,7 +329,7 @@ def _plot_lrs(path: Path, study: TransferStudy, records: dict[str, Any]) -> None
             parsed = parse(TrainConfig, records[name].config, label)
             schedule = parsed.schedule.build(1.0)  # t in Chinchilla multiples
             axis.plot(grid, [parsed.optimizer.lr * schedule(t) for t in grid], label=label)
-    for kind in ("cosine", "linear"):
+    for kind in study.envelope_kinds:
         spec = study.grid(kind, top, {n: r.history for n, r in records.items()})
         best = spec.state({n: r.history for n, r in records.items()}).best_lr if spec else None
         if spec is not None and best is not None and spec.run_name(best) in records:

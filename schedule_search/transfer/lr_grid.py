@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["STEP", "GridState", "grid_state"]
+__all__ = ["STEP", "GridState", "grid_state", "rank"]
 
 #: Each extension multiplies (or divides) the grid's edge LR by this.
 STEP = 2.0
@@ -29,7 +29,8 @@ class GridState:
     bound_hit: str | None  # "low" or "high" when the best is at an edge that may not move
 
 
-def _rank(loss: float) -> float:
+def rank(loss: float) -> float:
+    """A loss to compare: a diverged (non-finite) run ranks last."""
     return loss if math.isfinite(loss) else math.inf
 
 
@@ -45,7 +46,7 @@ def grid_state(
     if missing:
         return GridState(None, missing[0], False, None)
     lrs = sorted(losses)
-    best = min(lrs, key=lambda lr: (_rank(losses[lr]), lr))
+    best = min(lrs, key=lambda lr: (rank(losses[lr]), lr))
     low, high = min(start), max(start)
     for side, edge, beyond in (
         ("low", lrs[0], [lr for lr in lrs if lr < low]),

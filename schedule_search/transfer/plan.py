@@ -14,9 +14,9 @@ would pick instead, each tuned the way it would be in practice.
 - cosine (to 10% of peak, the paper's baseline) and linear (decay to zero, Bergsma et al.
   2025): one run per horizon per LR, on grids extended at whichever edge holds the best point
   until it is interior (`lr_grid`); the best of each is an envelope. Compute goes where it
-  decides the envelope: each kind's grid at the first horizon is centred on the recipe's LR
-  and at each later horizon on its own best at the horizon before. A grid starts once the
-  grid it is centred on has settled.
+  decides the envelope: both kinds' grids at the first horizon are centred on the recipe's LR
+  and at each later horizon on the LR best for both together at the horizon before
+  (`TransferStudy.centre`). A horizon's grids start once those before have settled.
 
 The study is a function of finished results: `pending(finished)` says which runs can start
 now, so the runner goes round by round and a killed transfer decides the same rounds again.
@@ -35,9 +35,10 @@ from schedule_search.core.averaging import DEFAULT_FRACTIONS
 from schedule_search.core.config import parse, to_dict
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.evaluation import Evaluation
-from schedule_search.transfer.lr_grid import GridState, grid_state
+from schedule_search.transfer.lr_grid import GridState, grid_state, rank
 
 __all__ = [
+    "ENVELOPE",
     "FLOOR",
     "GRID",
     "MAX_EXTENSIONS",
@@ -53,6 +54,8 @@ __all__ = [
 ]
 
 METHODS = ("recipe", "constant", "schedulefree", "cosine", "linear", "wsd")
+#: The horizon-aware schedules tuned per horizon; their best is the envelope.
+ENVELOPE = ("cosine", "linear")
 #: Initial LR grids, as factors of their centre (`TransferStudy.centre`; schedule-free's is
 #: `SCHEDULE_FREE_LR` times the recipe's LR); every grid is extended by x2 steps at an edge.
 GRID = (0.5, 1.0, 2.0)
@@ -187,36 +190,44 @@ class TransferStudy:
         return run
 
     # -- grids ------------------------------------------------------------------------------
+    @property
+    def envelope_kinds(self) -> list[str]:
+        """The horizon-aware schedules whose per-horizon grids make the envelope."""
+        return [kind for kind in ENVELOPE if kind in self.methods]
+
     def grid(self, kind: str, horizon: float, finished: dict[str, History]) -> GridSpec | None:
         """The LR grid of `kind` (cosine, linear, schedulefree) at `horizon`, or None while the
-        grid it is centred on has not settled (`centre`)."""
+        grids it is centred on have not settled (`centre`)."""
         if kind == "schedulefree":
             return self.schedulefree_grid()
-        centre = self.centre(kind, horizon, finished)
+        centre = self.centre(horizon, finished)
         if centre is None:
             return None
         return GridSpec(kind, horizon, tuple(centre * f for f in GRID))
 
-    def centre(self, kind: str, horizon: float, finished: dict[str, History]) -> float | None:
-        """The LR a grid is centred on: at the first horizon the recipe's, at every later one
-        the same kind's best at the horizon before (the optimum moves little from one doubling
-        to the next, so the long grids, which cost most, rarely need extending). Each kind
-        follows its own chain, so cosine and linear grids of one horizon run side by side:
-        runs of equal length fill the parallel slots of a round, and a study takes a round a
-        horizon (plus extensions), not two. None until the grid before has settled."""
+    def centre(self, horizon: float, finished: dict[str, History]) -> float | None:
+        """The LR the envelope's grids at `horizon` are centred on: at the first horizon the
+        recipe's; at every later one the LR with the lowest last-iterate loss summed over the
+        kinds, among those every kind ran at the horizon before. The optimum moves little from
+        one doubling to the next, so the long grids, which cost most, rarely need extending;
+        two curves that share peak LR and warmup pick it with less noise than either alone
+        where the loss is flat near its optimum. Both kinds' grids of a horizon start together:
+        runs of equal length fill a round's parallel slots. None until the grids of the
+        horizon before have all settled."""
         shorter = [h for h in self.horizons if h < horizon]
         if not shorter:
             return self.base.optimizer.lr
-        anchor = self.grid(kind, shorter[-1], finished)
-        if anchor is None or anchor.to_run(finished):
+        anchors = [self.grid(kind, shorter[-1], finished) for kind in self.envelope_kinds]
+        if not anchors or any(a is None or a.to_run(finished) for a in anchors):
             return None
-        return anchor.state(finished).best_lr
+        losses = [a.losses(finished) for a in anchors if a is not None]
+        shared = set.intersection(*(set(by_lr) for by_lr in losses))
+        return min(shared, key=lambda lr: (sum(rank(by_lr[lr]) for by_lr in losses), lr))
 
     def grids(self, finished: dict[str, History]) -> list[GridSpec]:
         out = []
-        for kind in ("cosine", "linear"):
-            if kind in self.methods:
-                out += [g for h in self.horizons if (g := self.grid(kind, h, finished))]
+        for kind in self.envelope_kinds:
+            out += [g for h in self.horizons if (g := self.grid(kind, h, finished))]
         if "schedulefree" in self.methods:
             out.append(self.schedulefree_grid())
         return out

@@ -88,10 +88,16 @@ def finish(s, finished, loss_of):
 
 
 def lrs_of(runs, prefix):
+    """The LRs of the pending runs whose names start with `prefix`."""
     return sorted(c["optimizer"]["lr"] for n, c in runs.items() if n.startswith(prefix))
 
 
-def test_each_grid_extends_at_an_edge_and_centres_the_next_horizon_on_its_own_best():
+def ran(finished, grid):
+    """The LRs the finished runs of `grid` (e.g. "cosine-2x") ran at, read from their names."""
+    return sorted(float(n.removeprefix(f"{grid}-lr")) for n in finished if n.startswith(grid))
+
+
+def test_grids_extend_at_an_edge_and_the_next_horizon_centres_on_the_best_of_both():
     s = study(methods=["cosine", "linear"])
 
     def loss(kind, h, lr):  # cosine is best near 0.25 (beyond the edge), linear near 0.45
@@ -100,23 +106,29 @@ def test_each_grid_extends_at_an_edge_and_centres_the_next_horizon_on_its_own_be
 
     finished = finish(s, {}, loss)
     assert len(finished) == 6  # both grids of the first horizon, side by side
-    assert s.centre("cosine", 2.0, finished) is None  # the best is at the edge: not settled
+    assert s.centre(2.0, finished) is None  # their best is at an edge: not settled
     assert sorted(s.pending(finished, no_checkpoints)) == ["cosine-1x-lr0.4", "linear-1x-lr0.4"]
     finished = finish(s, finished, loss)  # cosine's 0.2 is now interior; linear's 0.4 is not
-    second = s.pending(finished, no_checkpoints)
-    assert lrs_of(second, "cosine-2x") == [0.1, 0.2, 0.4]  # x0.5, x1, x2 of its best at 1x
-    assert lrs_of(second, "linear") == [0.8]  # linear at 2x waits for its own 1x to settle
+    assert sorted(s.pending(finished, no_checkpoints)) == ["linear-1x-lr0.8"]
     finished = finish(s, finished, loss)
-    third = s.pending(finished, no_checkpoints)
-    assert lrs_of(third, "linear-2x") == [0.2, 0.4, 0.8]  # around linear's best, not cosine's
-    assert lrs_of(third, "cosine-4x") == [0.1, 0.2, 0.4]
+    # Summed over both kinds, 0.4 has the lowest loss at 1x (cosine alone would pick 0.2);
+    # 0.8, which only linear ran, is not a candidate.
+    assert s.centre(2.0, finished) == 0.4
+    second = s.pending(finished, no_checkpoints)
+    assert lrs_of(second, "cosine-2x") == lrs_of(second, "linear-2x") == [0.2, 0.4, 0.8]
+    assert not lrs_of(second, "cosine-4x")
     while s.pending(finished, no_checkpoints):
         finished = finish(s, finished, loss)
-    # Centred on the horizon before, every later grid was interior at once.
-    for kind, grid in (("cosine", (0.1, 0.2, 0.4)), ("linear", (0.2, 0.4, 0.8))):
-        later = [n for n in finished if n.startswith((f"{kind}-2x", f"{kind}-4x"))]
-        assert sorted(later) == sorted(f"{kind}-{h}x-lr{lr:g}" for h in (2, 4) for lr in grid)
+    for h in (2, 4):  # cosine's best (0.2) was at the low edge: extended once; linear interior
+        assert ran(finished, f"cosine-{h}x") == [0.1, 0.2, 0.4, 0.8]
+        assert ran(finished, f"linear-{h}x") == [0.2, 0.4, 0.8]
     assert s.pending(finished, no_checkpoints) == {}
+
+    # With one kind only, the centre is that kind's best, extensions included.
+    alone = study(methods=["cosine"])
+    finished = finish(alone, {}, loss)
+    finished = finish(alone, finished, loss)
+    assert alone.centre(2.0, finished) == 0.2
 
 
 def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
