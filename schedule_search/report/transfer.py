@@ -205,14 +205,6 @@ def run_table(runs: dict[str, Any], study: TransferStudy) -> dict[str, Any]:
     out = {}
     for name, record in runs.items():
         config = record.config
-        start = 0.0
-        if config.get("branch_from"):
-            schedule = config["schedule"]
-            start = (
-                (1 - schedule["decay_fraction"]) * config["budget"]["horizon"]
-                if schedule["kind"] == "wsd"
-                else study.sweep_horizon
-            )
         losses = {}
         for row in record.history:
             best, frac = best_of_bank(row)
@@ -228,7 +220,7 @@ def run_table(runs: dict[str, Any], study: TransferStudy) -> dict[str, Any]:
             "lr": config.get("optimizer", {}).get("lr"),
             "schedule": config.get("schedule"),
             "branch_from": config.get("branch_from"),
-            "compute": config.get("budget", {}).get("horizon", 0.0) - start,
+            "compute": study.length(config) if config.get("budget") else 0.0,
             "losses": losses,
         }
     return out

@@ -189,6 +189,22 @@ class TransferStudy:
         run["branch_from"] = str(trunk)
         return run
 
+    def span(self, config: dict[str, Any]) -> tuple[float, float]:
+        """The Chinchilla multiples a planned run trains over: a branch or continuation starts
+        where its checkpoint is."""
+        end = config["budget"]["horizon"]
+        if config.get("branch_from") is None:
+            return 0.0, end
+        schedule = config["schedule"]
+        if schedule["kind"] == "wsd":
+            return (1 - schedule["decay_fraction"]) * end, end
+        return self.sweep_horizon, end
+
+    def length(self, config: dict[str, Any]) -> float:
+        """The Chinchilla multiples a planned run trains (its compute)."""
+        start, end = self.span(config)
+        return end - start
+
     # -- grids ------------------------------------------------------------------------------
     @property
     def envelope_kinds(self) -> list[str]:

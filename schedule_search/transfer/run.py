@@ -191,7 +191,7 @@ def _run_rounds(
             break
         # Longest runs first (by what they train, a branch from where it starts): with runs in
         # parallel, a long run started last would train alone.
-        names = sorted(pending, key=lambda n: (-_length(_span(pending[n], study)), n))
+        names = sorted(pending, key=lambda n: (-study.length(pending[n]), n))
         if names:  # what ended in this round is not pending: only the rest runs
             run_tune(
                 phase,
@@ -199,7 +199,7 @@ def _run_rounds(
                 PlannedRuns(pending),
                 tune.TuneConfig(max_concurrent_trials=settings.concurrency),
                 {"run": tune.grid_search(names)},
-                _live_view({n: _span(pending[n], study) for n in names}),
+                _live_view({n: study.span(pending[n]) for n in names}),
                 resume and phase.tune_dir.exists(),
             )
         _require_finished(phase, names)
@@ -224,23 +224,6 @@ class RunRecord:
     history: History
     config: dict[str, Any]
     where: str
-
-
-def _span(config: dict[str, Any], study: TransferStudy) -> tuple[float, float]:
-    """The Chinchilla multiples a run trains over: a branch or continuation starts where its
-    checkpoint is."""
-    end = config["budget"]["horizon"]
-    if config.get("branch_from") is None:
-        return 0.0, end
-    schedule = config["schedule"]
-    if schedule["kind"] == "wsd":
-        return (1 - schedule["decay_fraction"]) * end, end
-    return study.sweep_horizon, end
-
-
-def _length(span: tuple[float, float]) -> float:
-    start, end = span
-    return end - start
 
 
 def _tokens(folder: Path) -> int:

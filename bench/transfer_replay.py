@@ -1,0 +1,117 @@
+"""A transfer plan replayed on a finished transfer's recorded losses: the runs each round would
+hold, their compute, and how long each round takes on parallel slots (longest first, as the
+runner starts them), without training anything.
+
+`TransferStudy.pending` is asked round by round and every run it asks for is answered with the
+losses that run recorded (`transfer.json` keeps every run's loss at every horizon), so a
+planning rule (where grids are centred, when they extend) is judged on real losses. A run the
+recording lacks is listed as unrecorded and counted; nothing that depends on it is planned.
+
+    python bench/transfer_replay.py bench/results/tinylm-transfer --slots 2 \
+        --tokens-per-s 52000 --params 100096
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from schedule_search.core.config import parse
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.evaluation import Evaluation
+from schedule_search.transfer.plan import History, TransferStudy
+
+
+def history(losses: dict[str, dict[str, float]]) -> History:
+    """A recorded run's evaluations: its last iterate and its bank's best member."""
+    out = []
+    for horizon, row in losses.items():
+        metrics: dict[str, Any] = {"chinchilla": float(horizon), "tokens": 0}
+        metrics |= {"val_loss": row["objective"], "val_loss_raw": row["last_iterate"]}
+        fraction = row["best_ema_fraction"]
+        if math.isfinite(fraction) and fraction > 0:
+            metrics[f"val_loss_ema/{fraction:g}"] = row["best_ema"]
+        out.append(Evaluation.from_metrics(metrics))
+    return out
+
+
+def recorded_study(folder: Path) -> tuple[TransferStudy, dict[str, History]]:
+    """The study a results folder was planned as (the recipe's LR and schedule, its horizons
+    and methods), and every run's recorded evaluations."""
+    plan = json.loads((folder / "plan.json").read_text())
+    runs = json.loads((folder / "transfer.json").read_text())["runs"]
+    recipe = runs["recipe"]
+    sweep_horizon = next(h for h in plan["horizons"] if h not in plan["to"])
+    base = {"optimizer": {"lr": recipe["lr"]}, "schedule": recipe["schedule"]}
+    base["budget"] = {"horizon": sweep_horizon, "eval_at": []}
+    study = TransferStudy(
+        parse(TrainConfig, base, str(folder / "transfer.json")),
+        plan["horizons"],
+        plan["methods"],
+        sweep_horizon,
+        continue_from=plan.get("continued_from"),
+    )
+    return study, {name: history(run["losses"]) for name, run in runs.items()}
+
+
+def longest_slot(lengths: list[float], slots: int) -> float:
+    """The round's length: runs started longest first, each on the slot that frees first."""
+    busy = [0.0] * slots
+    for length in sorted(lengths, reverse=True):
+        heapq.heapreplace(busy, busy[0] + length)
+    return max(busy)
+
+
+def family(name: str) -> str:
+    return name.split("-", 1)[0] if not name.startswith("wsd-sqrt") else "wsd-sqrt"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="a transfer's results (transfer.json, plan.json)")
+    parser.add_argument("--slots", type=int, default=2, help="runs at once")
+    parser.add_argument("--tokens-per-s", type=float, help="one slot's training rate")
+    parser.add_argument("--params", type=int, help="the model's Chinchilla parameter count")
+    args = parser.parse_args()
+    study, recorded = recorded_study(args.folder)
+    finished: dict[str, History] = {}
+    unrecorded: set[str] = set()
+    compute: dict[str, float] = defaultdict(float)
+    total_length = 0.0
+
+    def nowhere(run: str, multiple: float) -> Path:
+        return Path(f"{run}@{multiple:g}x")  # the replay trains nothing
+
+    for number in range(1, 100):
+        pending = study.pending(finished, nowhere, frozenset(unrecorded))
+        if not pending:
+            break
+        lengths = {name: study.length(config) for name, config in pending.items()}
+        length = longest_slot(list(lengths.values()), args.slots)
+        total_length += length
+        missing = sorted(set(pending) - set(recorded))
+        print(
+            f"round {number}: {len(pending)} runs, {sum(lengths.values()):g}x, longest slot "
+            f"{length:g}x" + (f"; unrecorded: {', '.join(missing)}" if missing else "")
+        )
+        for name in pending:
+            compute[family(name)] += lengths[name]
+            if name in recorded:
+                finished[name] = recorded[name]
+        unrecorded |= set(missing)
+    print("compute per row (Chinchilla multiples):", dict(compute))
+    print(f"total {sum(compute.values()):g}x; rounds' longest slots add up to {total_length:g}x")
+    if args.tokens_per_s and args.params:
+        minutes = (
+            total_length * study.base.budget.tokens_per_param * args.params / args.tokens_per_s / 60
+        )
+        print(f"at {args.tokens_per_s:,.0f} tokens/s a slot: {minutes:.0f} min of training")
+
+
+if __name__ == "__main__":
+    main()
