@@ -1,12 +1,12 @@
 """Pack a stopped transfer and its sweep into one tarball that resumes on another machine.
 
-The tinylm transfer study is about 480x Chinchilla of training, more than one sitting on a
+The tinylm transfer study is about 500x Chinchilla of training, more than one sitting on a
 2-core machine; this carries it from one to the next. Kept: every record (configs, metrics,
 results, events), Tune's experiment state, and only the checkpoints still needed: the sweep
-checkpoint the recipe continues from, the newest of every unfinished run, and every
-checkpoint of a trunk (the constant run, the schedule-free grid) whose branches have not all
-finished. Left out: window logs (`windows.jsonl`; no table or plot reads them) and every
-other checkpoint.
+checkpoint the recipe continues from (a resumed study reads it to know the recipe continued),
+the newest of every unfinished run, and every checkpoint of a trunk (the constant run, the
+schedule-free grid) whose branches have not all finished. Left out: window logs
+(`windows.jsonl`; no table or plot reads them) and every other checkpoint.
 
     python bench/pack_transfer.py default state.tar.gz      # after the transfer is stopped
     mkdir -p runs && tar xzf state.tar.gz -C runs             # elsewhere, at the same path
