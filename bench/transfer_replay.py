@@ -104,7 +104,7 @@ def main() -> None:
             if name in recorded:
                 finished[name] = recorded[name]
         unrecorded |= set(missing)
-    print("compute per row (Chinchilla multiples):", dict(compute))
+    print("compute per row (Chinchilla multiples):", {k: round(v, 6) for k, v in compute.items()})
     print(f"total {sum(compute.values()):g}x; rounds' longest slots add up to {total_length:g}x")
     if args.tokens_per_s and args.params:
         minutes = (

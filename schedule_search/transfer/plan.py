@@ -233,10 +233,14 @@ class TransferStudy:
         shorter = [h for h in self.horizons if h < horizon]
         if not shorter:
             return self.base.optimizer.lr
-        anchors = [self.grid(kind, shorter[-1], finished) for kind in self.envelope_kinds]
-        if not anchors or any(a is None or a.to_run(finished) for a in anchors):
+        before = self.centre(shorter[-1], finished)
+        if before is None:
             return None
-        losses = [a.losses(finished) for a in anchors if a is not None]
+        start = tuple(before * f for f in GRID)
+        anchors = [GridSpec(kind, shorter[-1], start) for kind in self.envelope_kinds]
+        if not anchors or any(a.to_run(finished) for a in anchors):
+            return None
+        losses = [a.losses(finished) for a in anchors]
         shared = set.intersection(*(set(by_lr) for by_lr in losses))
         return min(shared, key=lambda lr: (sum(rank(by_lr[lr]) for by_lr in losses), lr))
 
