@@ -1,6 +1,5 @@
 """Real sweeps for the integration tests: the linreg space, the CLI, kills at chosen moments."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import kill_session
 
 from schedule_search.sweep.experiment import Experiment
 
@@ -72,7 +72,7 @@ def trial_records(experiment: Experiment) -> dict[str, dict]:
 
 
 def kill_at(command: list[str], storage: Path, moment: str, env: dict | None = None) -> str:
-    """Run the CLI `command` (a sweep or a resume), SIGKILL it (and its process group: Ray) at
+    """Run the CLI `command` (a sweep or a resume), SIGKILL it (and its session: Ray) at
     `moment`; return the id of the trial interrupted (or finished, or "" before any)."""
     experiment = Experiment(storage / "lin")
     driver = subprocess.Popen(
@@ -105,8 +105,7 @@ def kill_at(command: list[str], storage: Path, moment: str, env: dict | None = N
     # No pause for Tune's snapshot: what finished or started since its last one must survive too.
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
-    with contextlib.suppress(ProcessLookupError):  # none yet before Ray has started
-        os.killpg(driver.pid, signal.SIGKILL)  # what a dead machine takes with it: Ray's own
+    kill_session(driver.pid)  # what a dead machine takes with it: Ray and its workers
     return interrupted
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import write_config
+from processes import kill_session
 from sweeps import CLI
 
 from schedule_search.core import checkpoint as ckpt
@@ -185,7 +186,7 @@ def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path, worker
         if history and len(history) >= 2 and writing(experiment, ids[0], workers):
             break
         time.sleep(0.002)
-    os.killpg(driver.pid, signal.SIGKILL)
+    kill_session(driver.pid)
     driver.wait()
     resumed = subprocess.run(
         [*CLI, "resume", "c", "--storage", storage],

@@ -2,8 +2,6 @@
 again, every run audited (the plan and the table alone: tests/unit/transfer/)."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import frozen, kill_session
 
 from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import parse
@@ -98,10 +97,19 @@ def test_small_transfer_on_linreg(tmp_path):
             return {}
         return {row.trial_id: row.state for row in first.rows()}
 
-    while not ("completed" in states().values() and "pending" in (at_kill := states()).values()):
+    def the_moment(now: dict[str, str]) -> bool:
+        return "completed" in now.values() and "pending" in now.values()
+
+    while True:
         assert driver.poll() is None and time.monotonic() < deadline
+        if the_moment(states()):
+            # Frozen while the records are read, so the run seen pending cannot evaluate
+            # between the look and the kill (Ray's workers outlive a killpg of the driver).
+            with frozen(driver.pid):
+                if the_moment(at_kill := states()):
+                    kill_session(driver.pid)
+                    break
         time.sleep(0.05)
-    os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     finished = {
         t: first.read_trial_json(t, "result.json")
