@@ -51,7 +51,7 @@ def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False)
     )
     resolve = SpaceTrials(space, str(experiment.root / "space.yaml"))
     experiment.log_driver("started", resume=resume)
-    with ray_session(settings, trial_config(space, {}).task):
+    with ray_session(settings, trial_config(space, {}).task, experiment.root):
         progress = LiveView(
             settings.samples, settings.samples * horizon, lambda params: (0.0, horizon)
         )

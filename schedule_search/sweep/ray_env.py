@@ -1,11 +1,19 @@
 """The Ray a sweep runs on: a local one it starts (and always shuts down), or a cluster it
-connects to, with the environment both need set where Ray starts, never at import."""
+connects to, with the environment both need set where Ray starts, never at import.
+
+The local Ray is in Ray's token mode with a fresh random token each time it starts: Ray binds
+its GCS, raylets and workers to every interface of the machine (the node address is the
+machine's network address; `ray.init` offers no loopback-only mode on Linux), so without a
+token anyone who can reach the machine during a sweep could submit code to it. A cluster's
+authentication is the cluster's: the user's `RAY_AUTH_MODE` and token are left as they are.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +25,10 @@ from schedule_search.tasks.registry import task_code
 from schedule_search.train.launch import free_port
 
 __all__ = [
+    "AUTH_VARIABLES",
     "DRIVER_ENVIRONMENT",
-    "LOCAL_ENVIRONMENT",
-    "ray_environment",
+    "TOKEN_FILE",
+    "local_token",
     "ray_session",
     "trial_driver_resources",
 ]
@@ -35,18 +44,57 @@ DRIVER_ENVIRONMENT = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_CHDIR_TO_TRIAL_DIR": "0",  # trials keep the driver's working directory
 }
-#: Only for the Ray a sweep starts itself: a private instance on 127.0.0.1 needs no token. A
-#: cluster's authentication is the cluster's: left as it is.
-LOCAL_ENVIRONMENT = {"RAY_AUTH_MODE": "disabled"}
+#: The variables Ray reads its authentication from: the mode, then the token itself or the
+#: file holding it (Ray's order; the third place is ~/.ray/auth_token).
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+#: The local Ray's token, in the experiment folder while that Ray runs (mode 0600).
+TOKEN_FILE = "ray_token"
 
 
-def ray_environment(address: str | None) -> dict[str, str]:
-    """The variables a sweep sets before Ray starts (`address` None) or is connected to."""
-    return DRIVER_ENVIRONMENT | ({} if address else LOCAL_ENVIRONMENT)
+@contextlib.contextmanager
+def local_token(folder: Path) -> Iterator[Path]:
+    """Ray's token mode, with a fresh random token in `folder`/ray_token (mode 0600, never
+    printed), for the Ray started inside: every process of that Ray inherits the mode and
+    the token's path, and refuses a client without the token. The file is removed and the
+    user's own authentication variables are restored afterwards.
+
+    Ray reads the mode and the token once a process (`RayConfig`, the token loader's cache):
+    both are reloaded here as Ray's own `_enable_token_auth` does, so a second sweep in the
+    same process (a notebook, a test) gets its own token, and a later cluster connection the
+    user's. Reloading uses two of Ray's internal calls; the tests start two local Rays in one
+    process and fail if they change."""
+    path = folder / TOKEN_FILE
+    path.unlink(missing_ok=True)  # a killed sweep's token: a new Ray gets a new one
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secrets.token_urlsafe(32))
+    saved = {name: os.environ.get(name) for name in AUTH_VARIABLES}
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the file
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path.resolve())
+    _reload_authentication()
+    try:
+        yield path
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        _reload_authentication()
+        path.unlink(missing_ok=True)
+
+
+def _reload_authentication() -> None:
+    """Make this process read Ray's authentication variables again (see `local_token`)."""
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _init_ray(settings: SweepSettings, code: Path | None) -> None:
-    for name, value in ray_environment(settings.address).items():
+    for name, value in DRIVER_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     if settings.address:
         # A cluster's workers have neither the driver's PYTHONPATH nor its working directory:
@@ -97,16 +145,20 @@ def trial_driver_resources(settings: SweepSettings) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def ray_session(settings: SweepSettings, task: dict[str, Any]) -> Iterator[None]:
-    """A local Ray (or a connection to the cluster at `settings.address`, which is sent the
-    code of the user's `task`), always shut down."""
+def ray_session(settings: SweepSettings, task: dict[str, Any], folder: Path) -> Iterator[None]:
+    """A local Ray whose token lies in the experiment `folder` while it runs (or a connection
+    to the cluster at `settings.address`, which is sent the code of the user's `task`),
+    always shut down."""
     pinned = os.environ.get("RAY_API_SERVER_ADDRESS")
-    _init_ray(settings, task_code(task))
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        if pinned is None:
-            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-        else:
-            os.environ["RAY_API_SERVER_ADDRESS"] = pinned
+    with contextlib.ExitStack() as stack:
+        if not settings.address:
+            stack.enter_context(local_token(folder))
+        _init_ray(settings, task_code(task))
+        try:
+            yield
+        finally:
+            ray.shutdown()
+            if pinned is None:
+                os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+            else:
+                os.environ["RAY_API_SERVER_ADDRESS"] = pinned

@@ -4,8 +4,11 @@ without a word. A cluster that autoscales is checked against what it has now."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
+from collections.abc import Iterator
 
 from schedule_search.core.config import ConfigError
 from schedule_search.sweep.experiment import SweepSettings
@@ -31,12 +34,43 @@ def available(address: str | None) -> dict[str, float]:
         return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
     import ray
 
-    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        with _native_stderr_dropped():
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except (ray.exceptions.AuthenticationError, ConnectionError) as err:
+        raise ConfigError(_refused(address, err)) from None
     try:
         resources = ray.cluster_resources()
     finally:
         ray.shutdown()
     return {"CPU": resources.get("CPU", 0.0), "GPU": resources.get("GPU", 0.0)}
+
+
+@contextlib.contextmanager
+def _native_stderr_dropped() -> Iterator[None]:
+    """Within: what Ray's C++ core writes to the process's stderr is dropped. A refused
+    connection retries for ~20 s and logs a warning line each time, around the one line the
+    CLI prints; Python's logging does not reach those lines."""
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _refused(address: str, err: Exception) -> str:
+    """One line for a cluster that refused this client: the cause as Ray names it, and what
+    Ray reads a token from (it sends the token only in its token mode)."""
+    cause = str(err).split(".")[0].strip() or err.__class__.__name__
+    mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+    return (
+        f"--address {address}: the cluster refused this client ({cause}); RAY_AUTH_MODE is "
+        f"{mode}: a cluster in token mode needs RAY_AUTH_MODE=token and its token in "
+        "RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token"
+    )
 
 
 def check_resources(settings: SweepSettings) -> None:

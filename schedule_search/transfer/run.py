@@ -154,7 +154,7 @@ def run_transfer(
             indent=1,
         ),
     )
-    with ray_session(settings, study.base.task):
+    with ray_session(settings, study.base.task, sweep.root):
         records = _run_rounds(study, root, settings, resume)
     from schedule_search.report.transfer import write_transfer_report
 
