@@ -30,7 +30,7 @@ test: install
 # The unit tier: no Ray, kills or multi-process runs (tests/integration holds those, each
 # marked `slow`).
 test-fast: install
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n 2 tests/unit
 
 sweep: install
 	$(CLI) sweep $(SPACE) --name $(NAME)

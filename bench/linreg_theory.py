@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 
 from schedule_search.core.config import load_yaml, parse
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.launch import run_local
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "default.yaml"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from one_trial import sweep_one_trial
 
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 

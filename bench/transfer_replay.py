@@ -43,18 +43,18 @@ def history(losses: dict[str, dict[str, float]]) -> History:
 def recorded_study(folder: Path) -> tuple[TransferStudy, dict[str, History]]:
     """The study a results folder was planned as (the recipe's LR and schedule, its horizons
     and methods), and every run's recorded evaluations."""
-    plan = json.loads((folder / "plan.json").read_text())
+    launched = json.loads((folder / "launch.json").read_text())
     runs = json.loads((folder / "transfer.json").read_text())["runs"]
     recipe = runs["recipe"]
-    sweep_horizon = next(h for h in plan["horizons"] if h not in plan["to"])
+    sweep_horizon = next(h for h in launched["horizons"] if h not in launched["to"])
     base = {"optimizer": {"lr": recipe["lr"]}, "schedule": recipe["schedule"]}
     base["budget"] = {"horizon": sweep_horizon, "eval_at": []}
     study = TransferStudy(
         parse(TrainConfig, base, str(folder / "transfer.json")),
-        plan["horizons"],
-        plan["methods"],
+        launched["horizons"],
+        launched["methods"],
         sweep_horizon,
-        continue_from=plan.get("continued_from"),
+        continue_from=launched.get("continued_from"),
     )
     return study, {name: history(run["losses"]) for name, run in runs.items()}
 
@@ -73,7 +73,9 @@ def family(name: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="a transfer's results (transfer.json, plan.json)")
+    parser.add_argument(
+        "folder", type=Path, help="a transfer's results (transfer.json, launch.json)"
+    )
     parser.add_argument("--slots", type=int, default=2, help="runs at once")
     parser.add_argument("--tokens-per-s", type=float, help="one slot's training rate")
     parser.add_argument("--params", type=int, help="the model's Chinchilla parameter count")

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from schedule_search.core.config import ConfigError, InputWarning
 from schedule_search.core.states import State
-from schedule_search.sweep.lock import experiment_lock
+from schedule_search.store.lock import experiment_lock
 
 __all__ = ["EXIT_UNFINISHED", "export", "report", "resume", "status", "sweep", "train", "transfer"]
 
 if TYPE_CHECKING:
-    from schedule_search.sweep.facts import SweepFacts
+    from schedule_search.store.facts import SweepFacts
     from schedule_search.sweep.space import SearchSpace
 
 EXIT_UNFINISHED = 1
@@ -49,7 +49,7 @@ def _prepare_space(args: argparse.Namespace) -> tuple[dict, SearchSpace, SweepFa
     import yaml
 
     from schedule_search.core.config import load_yaml
-    from schedule_search.sweep.facts import resolve_facts
+    from schedule_search.sweep.resolve import resolve_facts
     from schedule_search.sweep.space import load_space
 
     data = load_yaml(args.space)
@@ -86,9 +86,9 @@ def sweep(args: argparse.Namespace) -> int:
     import yaml
 
     from schedule_search.core.files import atomic_write_text
+    from schedule_search.store.experiment import Experiment
+    from schedule_search.store.facts import write_facts
     from schedule_search.sweep import driver  # noqa: F401  (Ray and Optuna: before any write)
-    from schedule_search.sweep.experiment import Experiment
-    from schedule_search.sweep.facts import write_facts
     from schedule_search.sweep.resources import check_resources
     from schedule_search.sweep.space import shardings
     from schedule_search.train.config import check_workers
@@ -116,7 +116,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace, data: dict, name: str):
     """How the sweep launches (saved in sweep.json so `resume` launches it the same way)."""
-    from schedule_search.sweep.experiment import SweepSettings
+    from schedule_search.store.experiment import SweepSettings
 
     cpus = os.cpu_count() or 1
     return SweepSettings(
@@ -152,7 +152,7 @@ def _run(settings, experiment, storage: Path | None, resume: bool) -> int:
 
 
 def resume(args: argparse.Namespace) -> int:
-    from schedule_search.sweep.experiment import Experiment
+    from schedule_search.store.experiment import Experiment
     from schedule_search.sweep.resources import check_resources
 
     experiment = Experiment.named(args.name, args.storage)
@@ -170,7 +170,7 @@ def _recorded_space(experiment):
 
 
 def _horizon(experiment) -> float:
-    from schedule_search.sweep.facts import read_facts
+    from schedule_search.store.facts import read_facts
 
     return read_facts(experiment.root).horizon
 
@@ -212,8 +212,9 @@ def _print_table(experiment) -> None:
 
 def transfer(args: argparse.Namespace) -> int:
     from schedule_search.core.interrupts import Interrupted
+    from schedule_search.report.transfer import write_transfer_report
+    from schedule_search.store.experiment import Experiment
     from schedule_search.sweep import driver  # noqa: F401  (Ray and Optuna: before any write)
-    from schedule_search.sweep.experiment import Experiment
     from schedule_search.sweep.failures import TrialsFailed
     from schedule_search.sweep.resources import check_resources
     from schedule_search.transfer.launch import plan_launch
@@ -225,7 +226,7 @@ def transfer(args: argparse.Namespace) -> int:
     again = _again("transfer", args.name, args.storage)
     with experiment_lock(sweep.root, "transfer"):
         try:
-            root = run_transfer(
+            outcome = run_transfer(
                 sweep, launch.settings, launch.horizons, launch.methods, launch.resume
             )
         except TrialsFailed as err:
@@ -237,13 +238,15 @@ def transfer(args: argparse.Namespace) -> int:
         except Unfinished as err:
             print(f"transfer stopped: {err}; `{again}` resumes it", file=sys.stderr)
             return EXIT_UNFINISHED
+        root = outcome.root
+        write_transfer_report(root, outcome.study, outcome.records, outcome.sweep_history)
     print((root / "transfer.md").read_text())
     print(f"table, JSON and plots in {root}")
     return 0
 
 
 def status(args: argparse.Namespace) -> int:
-    from schedule_search.sweep.experiment import Experiment
+    from schedule_search.store.experiment import Experiment
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()  # a clear error when there is no such sweep
@@ -253,13 +256,14 @@ def status(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     from schedule_search.core.averaging import fraction_label
-    from schedule_search.sweep.experiment import Experiment
-    from schedule_search.sweep.facts import read_facts
+    from schedule_search.recipe.export import export_best
+    from schedule_search.store.experiment import Experiment
+    from schedule_search.store.facts import read_facts
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
     output = args.output or experiment.root / "recipe.yaml"
-    best, _ = experiment.export(output, read_facts(experiment.root), args.max_slowdown)
+    best, _ = export_best(experiment, output, read_facts(experiment.root), args.max_slowdown)
     print(
         f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x "
         f"(EMA fraction {fraction_label(best.ema_fraction)}) -> {output}"
@@ -269,7 +273,7 @@ def export(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     from schedule_search.report.sweep import write_sweep_report
-    from schedule_search.sweep.experiment import Experiment
+    from schedule_search.store.experiment import Experiment
     from schedule_search.sweep.optuna_study import write_optuna_mirror
 
     experiment = Experiment.named(args.name, args.storage)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from processes import kill_session
 
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 
 SPACE = {
     "name": "lin",

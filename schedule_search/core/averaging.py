@@ -2,7 +2,7 @@
 
 Each EMA has a half-life that is a fixed fraction of the run's age: after an update that moved
 the clock from t0 to t1, `ema <- tau * ema + (1 - tau) * w` with
-`tau = 0.5 ** ((t1 - t0) / (frac * t1))` (DESIGN section 2). Counting age on the clock, not in
+`tau = 0.5 ** ((t1 - t0) / (frac * t1))` (the README's Concepts). Counting age on the clock, not in
 updates, keeps uneven windows right (as EDM2 counts age in samples). frac = 0 is the raw
 weights and costs nothing. One fused `torch._foreach_lerp_` per EMA per update.
 
@@ -39,7 +39,7 @@ __all__ = [
 
 #: The default bank: raw weights and fractions doubling from 0.005 to 0.32, around the paper's
 #: headline 0.04 (f = 25) with three doublings on each side. One run reports every fraction's
-#: loss, so the fraction costs a search no trials (DESIGN section 2).
+#: loss, so the fraction costs a search no trials.
 DEFAULT_FRACTIONS = (0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
 
 #: `objective: best`: the run's objective is the lowest loss in its bank.
@@ -141,7 +141,7 @@ class EmaBank:
             for f in self.fractions
             if f > 0
         }
-        self.clock = 0.0
+        self.t = 0.0
 
     @classmethod
     def of(cls, model: torch.nn.Module, fractions: Sequence[float]) -> EmaBank:
@@ -152,7 +152,7 @@ class EmaBank:
     @torch.no_grad()
     def update(self, t1: float) -> None:
         """Fold the current weights in after an update that brought the clock to t1."""
-        t0, self.clock = self.clock, t1
+        t0, self.t = self.t, t1
         weights = [p.detach().to(_average_dtype(p)) for p in self.params]  # no copy in fp32
         for frac, average in self.averages.items():
             torch._foreach_lerp_(average, weights, 1.0 - ema_decay(t0, t1, frac))
@@ -178,7 +178,7 @@ class EmaBank:
 
     def state_dict(self) -> dict:
         return {
-            "clock": self.clock,
+            "t": self.t,
             "averages": {frac: [a.clone() for a in avg] for frac, avg in self.averages.items()},
         }
 
@@ -188,7 +188,7 @@ class EmaBank:
                 f"EMA fractions differ: checkpoint has {sorted(state['averages'])}, "
                 f"this run has {sorted(self.averages)}"
             )
-        self.clock = float(state["clock"])
+        self.t = float(state["t"])
         with torch.no_grad():
             for frac, average in self.averages.items():
                 torch._foreach_copy_(average, list(state["averages"][frac]))

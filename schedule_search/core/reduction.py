@@ -236,7 +236,24 @@ class Gradients(Protocol):
 
 class ReplicatedGradients:
     """A replicated model's window gradient: flat buckets bound as `.grad`, summed over ranks
-    at the close by a plain, overlapped or compressed all-reduce (the module docstring)."""
+    at the close by a plain, overlapped or compressed all-reduce (the module docstring).
+    Building one communicates nothing; `synchronized` first makes every rank's parameters
+    rank 0's."""
+
+    @classmethod
+    def synchronized(
+        cls,
+        params: Sequence[torch.Tensor],
+        group: dist.ProcessGroup | None,
+        bucket_mb: float,
+        overlap: bool,
+        compression: Compression,
+        track_noise: bool,
+    ) -> ReplicatedGradients:
+        """Broadcast rank 0's parameters to every rank (a collective all of them must reach),
+        then build the gradients: replicas that start equal stay equal."""
+        broadcast_parameters(params, group)
+        return cls(params, group, bucket_mb, overlap, compression, track_noise)
 
     def __init__(
         self,
@@ -249,7 +266,6 @@ class ReplicatedGradients:
     ) -> None:
         self.group = group
         _, world = distributed(group)
-        broadcast_parameters(params, group)
         self.buckets = make_buckets(params, int(bucket_mb * 2**20))
         for bucket in self.buckets:
             bucket.bind()
@@ -290,14 +306,16 @@ class ReplicatedGradients:
         return sum(float(torch.sum(b.flat.double() ** 2)) for b in self.buckets)
 
     def sum_over_ranks(self) -> None:
-        """Every bucket becomes the gradient sum over ranks (a compressed close sends the
-        normalized gradient instead, in `normalize`)."""
-        if self._feedback is None:
-            if self._overlap is not None:
-                self._overlap.finish()
-            elif self._world > 1:
-                for bucket in self.buckets:
-                    dist.all_reduce(bucket.flat, group=self.group)
+        """Plain or overlapped: every bucket becomes the gradient sum over ranks. Compressed:
+        nothing yet; `normalize` exchanges the mean (`_exchange_compressed_mean`), because the
+        error feedback's residual is kept in the units of a mean gradient."""
+        if self._feedback is not None:
+            return
+        if self._overlap is not None:
+            self._overlap.finish()
+        elif self._world > 1:
+            for bucket in self.buckets:
+                dist.all_reduce(bucket.flat, group=self.group)
 
     def norm(self) -> float:
         """The normalized gradient's global norm (every rank holds all of it)."""
@@ -305,12 +323,18 @@ class ReplicatedGradients:
         return float(torch.linalg.vector_norm(torch.stack(norms)))
 
     def normalize(self, scale: float) -> None:
-        """Multiply by `scale` (1 / global tokens); compressed: then send (the residual is in
-        the units of a mean gradient, whatever the window's size)."""
-        for index, bucket in enumerate(self.buckets):
+        """Multiply by `scale` (1 / global tokens); compressed, this rank's share of the mean
+        is then exchanged with the other ranks'."""
+        for bucket in self.buckets:
             bucket.flat.mul_(scale)
-            if self._feedback is not None:
-                self._feedback.all_reduce(index, bucket.flat, self.group)
+        if self._feedback is not None:
+            self._exchange_compressed_mean(self._feedback)
+
+    def _exchange_compressed_mean(self, feedback: ErrorFeedback) -> None:
+        """Each bucket, already divided by the global token count, becomes the sum over ranks
+        of the compressed shares (what rounding dropped stays in `feedback`'s residuals)."""
+        for index, bucket in enumerate(self.buckets):
+            feedback.all_reduce(index, bucket.flat, self.group)
 
     def tensors(self) -> list[torch.Tensor]:
         return [b.flat for b in self.buckets]

@@ -1,9 +1,10 @@
 """LR multipliers as pure functions of the clock t (reference steps); no torch needed.
 
-The formulas are DESIGN section 2, the project's contract. Peak LR times m(t) is the LR. Every
-schedule starts with the same linear warmup from 0.1 to 1 over W reference steps. Only cosine,
-linear-to-zero and WSD know a horizon T; constant and poly are horizon-free by construction:
-they have no field that could hold one.
+The formulas here are the project's contract (tests/unit/core/test_schedules.py writes them
+out again, independently). Peak LR times m(t) is the LR. Every schedule starts with the same
+linear warmup from 0.1 to 1 over W reference steps. Only cosine, linear-to-zero and WSD know a
+horizon T; constant and poly are horizon-free by construction: they have no field that could
+hold one.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ Schedule = Constant | Poly | Cosine | LinearToZero | Wsd
 HORIZON_AWARE = ("cosine", "linear", "wsd")
 
 NonNegative = Annotated[float, Field(ge=0)]
-Fraction = Annotated[float, Field(ge=0, lt=1)]
+#: A final multiplier: below peak, so a decaying schedule decays.
+Floor = Annotated[float, Field(ge=0, lt=1)]
 
 
 @dataclass
@@ -162,7 +164,7 @@ class ScheduleConfig:
     #: The end T of cosine, linear and wsd, in Chinchilla multiples.
     horizon: Positive | None = None
     #: cosine's and wsd's (linear cooldown) final multiplier (the paper's cosine: 10% of peak).
-    floor: Fraction = 0.1
+    floor: Floor = 0.1
     #: wsd: the share of T its cooldown takes.
     decay_fraction: Annotated[float, Field(gt=0, le=1)] = 0.1
     #: wsd: `linear` from 1 to `floor`, or `sqrt`: 1 - sqrt(progress), to exactly 0.

@@ -47,6 +47,7 @@ __all__ = [
     "WindowConfig",
     "WindowRecord",
     "estimated_snr",
+    "group_lrs",
 ]
 
 
@@ -115,7 +116,18 @@ class WindowRecord:
 
 
 # Slots of the control vector (summed over ranks at the close).
-_TOKENS, _MICROBATCHES, _LOSS, _SQ_INCREMENTS, _SQ_SUM, _N_SQ, _n_SQ, _N = range(8)
+# _RANK_TOKENS_SQ: sum over ranks of N_r^2; _MICROBATCH_TOKENS_SQ: sum over micro-batches of
+# n_i^2; _NOISE_TOKENS: the tokens the noise statistics cover.
+(
+    _TOKENS,
+    _MICROBATCHES,
+    _LOSS,
+    _SQ_INCREMENTS,
+    _SQ_SUM,
+    _RANK_TOKENS_SQ,
+    _MICROBATCH_TOKENS_SQ,
+    _NOISE_TOKENS,
+) = range(8)
 _CONTROL_SIZE = 8
 
 
@@ -129,7 +141,11 @@ def estimated_snr(control: torch.Tensor) -> float:
     micro-batches on some rank; NaN before that.
     """
     q1, q2 = float(control[_SQ_INCREMENTS]), float(control[_SQ_SUM])
-    big, small, n = float(control[_N_SQ]), float(control[_n_SQ]), float(control[_N])
+    big, small, n = (
+        float(control[_RANK_TOKENS_SQ]),
+        float(control[_MICROBATCH_TOKENS_SQ]),
+        float(control[_NOISE_TOKENS]),
+    )
     if big - small <= 0 or n <= 0:
         return math.nan
     signal = max((q2 - q1) / (big - small), 0.0)
@@ -137,6 +153,17 @@ def estimated_snr(control: torch.Tensor) -> float:
     if noise <= 0:
         return math.inf
     return n * signal / noise
+
+
+def group_lrs(optimizer: torch.optim.Optimizer, lr: float) -> list[float]:
+    """Each param group's LR when the schedule gives `lr` for the optimizer's default group:
+    a group built at 0.1x the default LR (its `initial_lr`, the key torch's LR schedulers
+    set) steps at 0.1 * lr, so a schedule moves every group and keeps their ratios."""
+    default = float(optimizer.defaults.get("lr", 0.0))
+    return [
+        lr * (float(group["initial_lr"]) / default if default > 0 else 1.0)
+        for group in optimizer.param_groups
+    ]
 
 
 class WindowAccumulator:
@@ -148,6 +175,9 @@ class WindowAccumulator:
         window.backward(loss_sum)                  # loss summed (not averaged) over tokens
         if last:
             record = window.close(lr)              # all-reduce, normalize, clip, step, zero
+
+    Built without `gradients` (a replicated model), it first broadcasts rank 0's parameters
+    to every rank (`ReplicatedGradients.synchronized`), so every rank must build it.
     """
 
     # The window in progress, set by `_start_window` at the start and at every close.
@@ -164,20 +194,20 @@ class WindowAccumulator:
         optimizer: torch.optim.Optimizer,
         config: WindowConfig,
         group: dist.ProcessGroup | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.monotonic,
         gradients: Gradients | None = None,
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.optimizer = optimizer
         self.config = config
         self.group = group
-        self.clock = clock
+        self.wall_clock = wall_clock
         self.rank, self.world_size = distributed(group)
         # NCCL reduces only CUDA tensors; gloo (and one process) keeps the control on the CPU.
         nccl = self.world_size > 1 and dist.get_backend(group) == "nccl"
         self._control_device = self.params[0].device if nccl else torch.device("cpu")
         self._track_noise = config.policy == "grad_norm"
-        self._gradients = gradients or ReplicatedGradients(
+        self._gradients = gradients or ReplicatedGradients.synchronized(
             self.params,
             group,
             config.bucket_mb,
@@ -208,7 +238,7 @@ class WindowAccumulator:
         A rank with no data for this micro-batch (the end of its shard, an uneven split) sits
         it out with `begin_microbatch(0)` and skips its backward; it still closes the window
         with the others, so the ranks' collectives stay matched."""
-        now = self.clock()
+        now = self.wall_clock()
         if self._tick_start is not None:
             self._last_microbatch_s = now - self._tick_start
         self._tick_start = now
@@ -244,7 +274,7 @@ class WindowAccumulator:
     def _record_increment(self, n_tokens: int) -> None:
         c = self._control
         c[_SQ_INCREMENTS] += self._gradients.increment_square()
-        c[_n_SQ] += float(n_tokens) ** 2
+        c[_MICROBATCH_TOKENS_SQ] += float(n_tokens) ** 2
 
     # -- closing a window ------------------------------------------------------------------
 
@@ -280,13 +310,14 @@ class WindowAccumulator:
                 if coefficient < 1.0:
                     for grad in self._gradients.tensors():
                         grad.mul_(coefficient)
-            for param_group in self.optimizer.param_groups:
-                param_group["lr"] = lr * self._lr_ratio(param_group)
+            groups = self.optimizer.param_groups
+            for group, group_lr in zip(groups, group_lrs(self.optimizer, lr), strict=True):
+                group["lr"] = group_lr
             self.optimizer.step()
         if self._track_noise:
             self.length = self._next_length(control)
         self._gradients.zero()
-        seconds = self.clock() - self._window_start
+        seconds = self.wall_clock() - self._window_start
         record = WindowRecord(
             index=self.windows,
             wall_time=time.time(),
@@ -313,8 +344,8 @@ class WindowAccumulator:
         c[_LOSS] = float(self._loss)
         if self._track_noise:
             c[_SQ_SUM] = self._gradients.local_square()
-            c[_N] = self.local_tokens
-            c[_N_SQ] = float(self.local_tokens) ** 2
+            c[_NOISE_TOKENS] = self.local_tokens
+            c[_RANK_TOKENS_SQ] = float(self.local_tokens) ** 2
         return c
 
     def _all_reduce(self, control: torch.Tensor) -> torch.Tensor:
@@ -334,10 +365,6 @@ class WindowAccumulator:
         wanted = cfg.min_microbatches if snr == math.inf else math.ceil(self._ticks * cfg.snr / snr)
         return min(max(wanted, cfg.min_microbatches), cfg.max_microbatches)
 
-    def _lr_ratio(self, group: dict) -> float:
-        default = float(self.optimizer.defaults.get("lr", 0.0))
-        return float(group["initial_lr"]) / default if default > 0 else 1.0
-
     def _start_window(self) -> None:
         self._control = torch.zeros(_CONTROL_SIZE, dtype=torch.float64)
         self._loss = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
@@ -345,7 +372,7 @@ class WindowAccumulator:
         self.local_tokens = 0
         self.local_microbatches = 0
         self._pending_tokens = 0
-        self._window_start = self.clock()
+        self._window_start = self.wall_clock()
         self._tick_start = None
         self._gradients.start_window()
 
@@ -358,7 +385,7 @@ class WindowAccumulator:
     def load_state_dict(self, state: dict) -> None:
         self.tokens_seen = int(state["tokens_seen"])
         self.windows = int(state["windows"])
-        self.length = int(state.get("length", self.config.min_microbatches))
+        self.length = int(state["length"])
 
     def rank_state_dict(self) -> dict:
         """What this rank alone holds: its error-feedback residuals, if compressed."""

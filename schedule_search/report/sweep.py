@@ -28,10 +28,10 @@ from schedule_search.core.averaging import fraction_label, loss_key
 from schedule_search.core.files import atomic_write_text, read_jsonl
 from schedule_search.core.states import State
 from schedule_search.report.figures import plt, save_figure
-from schedule_search.sweep.experiment import Experiment, TrialRow
-from schedule_search.sweep.facts import read_facts
+from schedule_search.store.experiment import Experiment, TrialRow
+from schedule_search.store.facts import read_facts
+from schedule_search.store.records import read_records
 from schedule_search.sweep.optuna_study import optuna_distributions
-from schedule_search.sweep.records import read_records
 from schedule_search.sweep.space import SearchSpace, value_text
 from schedule_search.train.evaluation import Evaluation
 

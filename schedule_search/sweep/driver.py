@@ -19,8 +19,8 @@ from ray import tune
 
 from schedule_search.core.config import ConfigError
 from schedule_search.core.interrupts import Interrupted, graceful_stop, quiet
-from schedule_search.sweep.experiment import Experiment, SweepSettings
-from schedule_search.sweep.facts import FACTS_FILE, read_facts, resolve_facts, write_facts
+from schedule_search.store.experiment import Experiment, SweepSettings
+from schedule_search.store.facts import read_facts
 from schedule_search.sweep.failures import FailFast, raise_if_trials_cannot_run
 from schedule_search.sweep.live_view import LiveView
 from schedule_search.sweep.optuna_study import write_optuna_mirror
@@ -37,10 +37,8 @@ __all__ = ["run_tune", "sweep"]
 def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False) -> None:
     """Run (or resume) the sweep in `experiment`, whose folder (space.yaml, sweep.json) the CLI
     has laid out. The folder is wherever it is now: moved, copied or renamed since it was
-    launched, it is resumed and recorded there (`TrialRecorder.restoring_into`)."""
+    launched, it is resumed and recorded there (`TrialRecorder`)."""
     space = load_space(experiment.root / "space.yaml")
-    if not (experiment.root / FACTS_FILE).is_file():  # launched before facts.json existed
-        write_facts(experiment.root, resolve_facts(space, str(experiment.root / "space.yaml")))
     facts = read_facts(experiment.root)
     horizon = facts.horizon
     tune_config = tune.TuneConfig(
@@ -52,10 +50,10 @@ def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False)
     resolve = SpaceTrials(space, str(experiment.root / "space.yaml"))
     experiment.log_driver("started", resume=resume)
     with ray_session(settings, trial_config(space, {}).task, experiment.root):
-        progress = LiveView(
+        live_view = LiveView(
             settings.samples, settings.samples * horizon, lambda params: (0.0, horizon)
         )
-        run_tune(experiment, settings, resolve, tune_config, None, progress, resume)
+        run_tune(experiment, settings, resolve, tune_config, None, live_view, resume)
     experiment.log_driver("ended")
     experiment.write_table()
     write_optuna_mirror(experiment, space)
@@ -92,7 +90,7 @@ def run_tune(
     resolve: Callable[[dict[str, Any], str], TrainConfig],
     tune_config: tune.TuneConfig,
     param_space: dict[str, Any] | None,
-    progress: LiveView,
+    live_view: LiveView,
     resume: bool,
 ) -> None:
     """Run (or restore and continue) one Tune experiment of core-trainer trials."""
@@ -109,16 +107,12 @@ def run_tune(
                 "their config is suggested again)",
                 flush=True,
             )
-        TrialRecorder.restoring_into = experiment
-        try:
-            tuner = tune.Tuner.restore(
-                str(experiment.tune_dir),
-                trainable=driver,
-                resume_unfinished=True,
-                resume_errored=True,
-            )
-        finally:
-            TrialRecorder.restoring_into = None
+        tuner = tune.Tuner.restore(
+            str(experiment.tune_dir),
+            trainable=driver,
+            resume_unfinished=True,
+            resume_errored=True,
+        )
     else:
         fail_fast = FailFast()
         tuner = tune.Tuner(
@@ -129,7 +123,7 @@ def run_tune(
                 name=experiment.tune_dir.name,
                 storage_path=str(experiment.root),
                 failure_config=tune.FailureConfig(max_failures=settings.max_failures),
-                callbacks=[TrialRecorder(experiment, progress, fail_fast)],
+                callbacks=[TrialRecorder(live_view, fail_fast)],
                 stop=fail_fast,
                 verbose=0,
             ),

@@ -15,7 +15,7 @@ from typing import Any
 from ray import tune
 
 from schedule_search.core.states import State
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 
 __all__ = ["FailFast", "TrialsFailed", "error_line", "raise_if_trials_cannot_run"]
 

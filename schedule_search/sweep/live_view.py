@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedule_search.core.states import State
+from schedule_search.store.records import METRIC
 from schedule_search.sweep.space import value_text
 
-__all__ = ["METRIC", "LiveView"]
+__all__ = ["LiveView"]
 
-METRIC = "val_loss"
 
 Span = Callable[[dict[str, Any]], tuple[float, float]]
 
@@ -56,12 +56,12 @@ class LiveView:
     `span(params)` gives the (start, end) Chinchilla multiples a trial trains over, so the ETA
     is right for trials of different lengths (a transfer's runs) and for branches."""
 
-    def __init__(self, total: int, planned_units: float, span: Span, clock=time.monotonic):
+    def __init__(self, total: int, planned_units: float, span: Span, wall_clock=time.monotonic):
         self.total = total
         self.planned_units = planned_units
         self.span = span
-        self.clock = clock
-        self.started_at = clock()
+        self.wall_clock = wall_clock
+        self.started_at = wall_clock()
         self.trials: dict[str, _Trial] = {}
         self.units_this_session = 0.0
         self.ended_this_session = 0
@@ -71,7 +71,7 @@ class LiveView:
         """Tune pickles its callbacks with the experiment and restores them on resume: the
         trials seen are kept, the clock and the rate start again with the new driver."""
         self.__dict__.update(state)
-        self.started_at = self.clock()
+        self.started_at = self.wall_clock()
         self.units_this_session = 0.0
         self.ended_this_session = 0
 
@@ -122,7 +122,7 @@ class LiveView:
         return max(0.0, self.planned_units - covered)
 
     def eta_s(self) -> float | None:
-        elapsed = self.clock() - self.started_at
+        elapsed = self.wall_clock() - self.started_at
         if self.units_this_session <= 0 or elapsed <= 0:
             return None
         if not self.ended_this_session and self.units_this_session < 0.1 * self.planned_units:
@@ -138,7 +138,7 @@ class LiveView:
         waiting = max(0, self.total - len(self.trials))
         parts = [f"{n} {state}" for state, n in counts.items() if n or state == State.RUNNING]
         parts.append(f"{waiting} waiting")
-        line = f"[{_duration(self.clock() - self.started_at)}] " + ", ".join(parts)
+        line = f"[{_duration(self.wall_clock() - self.started_at)}] " + ", ".join(parts)
         if self.best is not None:
             loss, trial_id, params = self.best
             line += f" | best {loss:.4f} (trial {trial_id}: {_short(params)})"

@@ -11,7 +11,7 @@ from typing import Literal
 import optuna
 
 from schedule_search.core.states import State
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 from schedule_search.sweep.space import SearchSpace
 
 __all__ = [
@@ -96,8 +96,8 @@ def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.B
 def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:
     """The trials as an Optuna study in a journal file (`optuna.journal`), so Optuna's tools
     (optuna-dashboard, `optuna.load_study`) can read a sweep. Written from the durable trial
-    records, never the searcher's live state (RAY_NOTES: a live database can get ahead of a
-    restored Tune snapshot), in the terms the live searcher is told (`trial_state`): every
+    records, never the searcher's live state (a live database can get ahead of a restored
+    Tune snapshot), in the terms the live searcher is told (`trial_state`): every
     evaluation is an intermediate value at its milestone index, a trial stopped early is
     PRUNED, a completed one COMPLETE with its loss at the horizon. The EMA fraction the loss
     came from is the `ema_fraction` user attribute; `bank` holds every fraction's loss at the

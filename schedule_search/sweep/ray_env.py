@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from schedule_search.sweep.experiment import SweepSettings
+from schedule_search.store.experiment import SweepSettings
 from schedule_search.tasks.registry import task_code
 from schedule_search.train.launch import free_port
 

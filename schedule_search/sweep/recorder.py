@@ -3,47 +3,45 @@
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from pathlib import Path
 
 from ray import tune
 
 from schedule_search.core.states import State
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
+from schedule_search.store.records import METRIC, read_records
 from schedule_search.sweep.failures import FailFast, error_line
-from schedule_search.sweep.live_view import METRIC, LiveView
-from schedule_search.sweep.records import read_records
+from schedule_search.sweep.live_view import LiveView
 
 __all__ = ["TrialRecorder"]
 
 
 class TrialRecorder(tune.Callback):
     """Writes each trial's end (completed, stopped early, diverged, error) into its folder, as
-    soon as it happens: a durable record that does not wait for Tune's next snapshot."""
+    soon as it happens: a durable record that does not wait for Tune's next snapshot.
 
-    #: The experiment a driver is restoring Tune into. Tune pickles its callbacks with its
-    #: state, experiment path included; a folder moved or renamed since would have its trials
-    #: recorded at the old place. Unpickling re-points the recorder to the folder resumed.
-    restoring_into: ClassVar[Experiment | None] = None
+    Tune pickles its callbacks with its state, so the recorder holds no path: it finds the
+    experiment folder from each trial's Tune folder (`<experiment>/tune`), which Tune points
+    at wherever the experiment is restored from. A folder moved or renamed since it was
+    launched has its trials recorded where it is now."""
 
-    def __init__(self, experiment: Experiment, progress: LiveView, fail_fast: FailFast) -> None:
-        self.experiment = experiment
-        self.progress = progress
+    def __init__(self, live_view: LiveView, fail_fast: FailFast) -> None:
+        self.live_view = live_view
         self.fail_fast = fail_fast
         self.started: dict[str, float] = {}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if TrialRecorder.restoring_into is not None:
-            self.experiment = TrialRecorder.restoring_into
+    @staticmethod
+    def experiment_of(trial) -> Experiment:
+        return Experiment(Path(trial.remote_experiment_path).parent)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started[trial.trial_id] = time.monotonic()
-        history = read_records(self.experiment.trial_dir(trial.trial_id)).history
+        history = read_records(self.experiment_of(trial).trial_dir(trial.trial_id)).history
         resumed_from = history[-1].chinchilla if history else 0.0
-        self.progress.started(trial.trial_id, trial.config, resumed_from)
+        self.live_view.started(trial.trial_id, trial.config, resumed_from)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self.progress.result(trial.trial_id, trial.config, result)
+        self.live_view.result(trial.trial_id, trial.config, result)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
@@ -71,9 +69,10 @@ class TrialRecorder(tune.Callback):
     ) -> None:
         trial_id = trial.trial_id
         started = self.started.pop(trial_id, None)
-        earlier = self.experiment.read_trial_json(trial_id, "result.json")
+        experiment = self.experiment_of(trial)
+        earlier = experiment.read_trial_json(trial_id, "result.json")
         if earlier is not None and earlier.get("state") == state:
-            self.progress.finished(trial_id, trial.config, state)
+            self.live_view.finished(trial_id, trial.config, state)
             return  # recorded before a restart: keep the original record
         record = {"state": state, "reason": reason, "val_loss": result.get(METRIC)}
         if "milestone" in result:
@@ -83,7 +82,7 @@ class TrialRecorder(tune.Callback):
             record["milestone"] = result["milestone"]
         if started is not None:  # seconds this driver saw the trial run (this attempt)
             record["trial_s"] = time.monotonic() - started
-        self.experiment.write_trial_json(trial_id, "result.json", record | (extra or {}))
-        self.progress.finished(
+        experiment.write_trial_json(trial_id, "result.json", record | (extra or {}))
+        self.live_view.finished(
             trial_id, trial.config, state, reason if state == State.ERROR else ""
         )

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator
 
 from schedule_search.core.config import ConfigError
-from schedule_search.sweep.experiment import SweepSettings
+from schedule_search.store.experiment import SweepSettings
 
 __all__ = ["available", "check_resources", "trial_needs"]
 

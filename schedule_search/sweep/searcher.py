@@ -6,15 +6,22 @@ from __future__ import annotations
 import math
 
 from optuna.trial import TrialState
+from ray import __version__ as ray_version
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from schedule_search.core.states import State
-from schedule_search.sweep.live_view import METRIC
+from schedule_search.store.records import METRIC
 from schedule_search.sweep.optuna_study import make_sampler, optuna_distributions, trial_state
 from schedule_search.sweep.space import SearchSpace, uses_asha
 
-__all__ = ["MilestoneOptunaSearch", "scheduler", "searcher"]
+__all__ = ["RAY_INTERNALS", "MilestoneOptunaSearch", "scheduler", "searcher"]
+
+#: The private attributes of Ray's OptunaSearch that `MilestoneOptunaSearch` reads and writes:
+#: Ray offers no public way to report an intermediate value at a chosen step or to tell a trial
+#: a state of ours. They are checked when the searcher is built, so a Ray release that renames
+#: them fails at launch in one line, not mid-sweep (tests/unit/sweep/test_searcher.py).
+RAY_INTERNALS = ("_ot_trials", "_completed_trials", "_ot_study")
 
 
 class MilestoneOptunaSearch(OptunaSearch):
@@ -26,13 +33,25 @@ class MilestoneOptunaSearch(OptunaSearch):
     horizon. Here an intermediate value's step is the evaluation's milestone index (it keeps
     rising across resumes), and a stopped trial is PRUNED."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        missing = [name for name in RAY_INTERNALS if not hasattr(self, name)]
+        if missing:
+            raise RuntimeError(
+                f"ray {ray_version}: OptunaSearch no longer has {', '.join(missing)}; this "
+                "version of schedule-search needs the ray its package requires"
+            )
+        #: Per trial, the milestones whose values Optuna was told (a resumed trial reports
+        #: its last milestone again).
+        self._steps_reported: dict[str, set[int]] = {}
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if isinstance(self.metric, list) or trial_id in self._completed_trials:
             return  # Optuna keeps no intermediate values for multi-objective studies
         trial = self._ot_trials.get(trial_id)
         if trial is None or "milestone" not in result:
             return
-        reported = self.__dict__.setdefault("_steps_reported", {}).setdefault(trial_id, set())
+        reported = self._steps_reported.setdefault(trial_id, set())
         step = int(result["milestone"])
         if step not in reported:  # a resumed trial reports its last milestone again
             trial.report(float(result[self.metric]), step)

@@ -1,5 +1,5 @@
 """One trial of a sweep, as Tune runs it: a small driver function that builds a Ray Train
-`TorchTrainer` running the core trainer on the trial's workers (RAY_NOTES: Train V2 inside
+`TorchTrainer` running the core trainer on the trial's workers (Ray Train V2 inside
 Tune), or, for one CPU worker, runs the core trainer itself (`SweepSettings.in_process`)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from schedule_search.core.config import to_dict
 from schedule_search.core.states import State
-from schedule_search.sweep.experiment import Experiment, SweepSettings, train_run_name
+from schedule_search.store.experiment import Experiment, SweepSettings, train_run_name
 from schedule_search.sweep.space import SearchSpace, trial_config
 from schedule_search.sweep.worker import train_in_trial, worker_loop
 from schedule_search.train.config import TrainConfig
@@ -52,11 +52,8 @@ def run_trial(
         tune.report(history[-1])
         return
     config = resolve(params, trial_id)
-    # A trial started before (by an older version whose configs had fewer defaulted fields,
-    # so another hash) keeps the run folder its checkpoints are in.
-    started = experiment.read_trial_json(trial_id, "config.json") or {}
     tree = to_dict(config)
-    train_run = started.get("train_run") or train_run_name(tree)
+    train_run = train_run_name(tree)
     experiment.write_trial_json(
         trial_id, "config.json", {"params": params, "config": tree, "train_run": train_run}
     )

@@ -49,11 +49,11 @@ class Evaluation:
     eval_s: float = 0.0
     train_s: float = 0.0
     # The windows since the previous evaluation: the last one's gradient norm, the mean
-    # throughput, window length (seconds, micro-batches a rank, tokens) over them.
+    # throughput, and the mean window (seconds; micro-batches and tokens, summed over ranks).
     grad_norm: float = math.nan
     tokens_per_s: float = math.nan
     window_s: float = math.nan
-    microbatches: float = math.nan
+    window_microbatches: float = math.nan
     window_tokens: float = math.nan
 
     def loss_at(self, fraction: float) -> float:
@@ -63,7 +63,7 @@ class Evaluation:
         # (`{f:g}`, 6 significant digits).
         return exact if exact is not None else self.losses.get(float(f"{fraction:g}"), math.nan)
 
-    def clock(self, tokens_per_param: float) -> TokenClock:
+    def token_clock(self, tokens_per_param: float) -> TokenClock:
         """The token clock of the run that recorded this evaluation."""
         return TokenClock(self.n_params, tokens_per_param, self.tokens_per_reference_step)
 
@@ -83,9 +83,8 @@ class Evaluation:
 
     @classmethod
     def from_metrics(cls, metrics: Mapping[str, Any]) -> Evaluation:
-        """A record back from `to_metrics` (or from an older run's `metrics.json`, whose
-        missing fields keep their defaults). Raises KeyError/ValueError on a record that is
-        not an evaluation."""
+        """A record back from `to_metrics`. Raises KeyError/ValueError on a record that is not
+        an evaluation."""
         known = {item.name for item in fields(cls)} - {"losses", "status"}
         values = {k: v for k, v in metrics.items() if k in known}
         losses = {
@@ -118,7 +117,7 @@ class WindowStats:
         point.grad_norm = records[-1].grad_norm
         point.tokens_per_s = tokens / seconds if seconds > 0 else math.inf
         point.window_s = seconds / len(records)
-        point.microbatches = sum(r.microbatches for r in records) / len(records)
+        point.window_microbatches = sum(r.microbatches for r in records) / len(records)
         point.window_tokens = tokens / len(records)
 
 

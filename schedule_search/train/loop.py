@@ -36,7 +36,8 @@ __all__ = ["train"]
 def train(config: TrainConfig, session: Session, source: str = "config") -> TrainResult:
     """Train one run to its budget. Every rank of a data-parallel group calls this."""
     run = _Run.build(config, session, source)
-    task, model, window, ema, clock = run.task, run.model, run.window, run.ema, run.clock
+    task, model, window, ema = run.task, run.model, run.window, run.ema
+    token_clock = run.token_clock
     milestones = config.budget.milestones()
     progress = _start(run, config, session, milestones)
     if progress.status != State.RUNNING:  # a resumed run that had already ended
@@ -48,8 +49,8 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
     while progress.milestone < len(milestones):
         # Micro-batch: announce its tokens (every rank learns whether the window closes after
         # it), then the forward and backward pass that add to the window's gradient sum.
-        batch = task.microbatch(progress.microbatches, session.rank, session.world_size)
-        progress.microbatches += 1
+        batch = task.microbatch(progress.data_position, session.rank, session.world_size)
+        progress.data_position += 1
         last = window.begin_microbatch(batch.tokens)
         with run.autocast:
             loss_sum = task.loss_sum(model, batch)
@@ -59,16 +60,17 @@ def train(config: TrainConfig, session: Session, source: str = "config") -> Trai
 
         # Window close: the LR from the token clock at the window's start, one optimizer step
         # on the gradient divided by the window's tokens, then every EMA.
-        lr = config.optimizer.lr * run.schedule(clock.steps(window.tokens_seen))
+        lr = config.optimizer.lr * run.schedule(token_clock.steps(window.tokens_seen))
         record = window.close(lr)
-        ema.update(clock.steps(window.tokens_seen))
+        ema.update(token_clock.steps(window.tokens_seen))
         stats.records.append(record)
         window_log.write(record)
         progress.wall_s = time.monotonic() - started
 
         # Milestones: the evaluation points this window's tokens passed.
         reached = progress.milestone
-        while reached < len(milestones) and window.tokens_seen >= clock.tokens(milestones[reached]):
+        passed = token_clock.tokens
+        while reached < len(milestones) and window.tokens_seen >= passed(milestones[reached]):
             reached += 1
         if record.stepped and reached == progress.milestone:
             if config.checkpoint.every_windows and (
@@ -103,7 +105,7 @@ class _Run:
 
     task: Task
     trainee: Trainee
-    clock: TokenClock
+    token_clock: TokenClock
     schedule: Callable[[float], float]
     autocast: torch.autocast
 
@@ -131,7 +133,7 @@ class _Run:
             check_workers(config.sharding, session.world_size, source)
             model = shard_model(model)
         params = list(model.parameters())
-        clock = TokenClock(
+        token_clock = TokenClock(
             n_params=n_params,
             tokens_per_param=config.budget.tokens_per_param,
             tokens_per_reference_step=config.budget.tokens_per_reference_step
@@ -151,8 +153,8 @@ class _Run:
         return cls(
             task=task,
             trainee=trainee,
-            clock=clock,
-            schedule=config.schedule.build(clock.steps_per_chinchilla),
+            token_clock=token_clock,
+            schedule=config.schedule.build(token_clock.steps_per_chinchilla),
             autocast=torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16),
         )
 
@@ -171,12 +173,12 @@ def _start(run: _Run, config: TrainConfig, session: Session, milestones: list[fl
         return Progress()
     trunk = ckpt.load_state(Path(config.branch_from))
     progress = restore(trunk, run.trainee, session.rank, session.world_size)
-    passed = sum(1 for m in milestones if run.clock.tokens(m) <= run.window.tokens_seen)
+    passed = sum(1 for m in milestones if run.token_clock.tokens(m) <= run.window.tokens_seen)
     log_event(
         session,
         {"event": "branched", "from": config.branch_from, "tokens": run.window.tokens_seen},
     )
-    return Progress(microbatches=progress.microbatches, milestone=passed)
+    return Progress(data_position=progress.data_position, milestone=passed)
 
 
 def _evaluate(
@@ -199,8 +201,8 @@ def _evaluate(
         val_loss=math.inf,
         status=State.DIVERGED,
         lr=record.lr,
-        n_params=run.clock.n_params,
-        tokens_per_reference_step=run.clock.tokens_per_reference_step,
+        n_params=run.token_clock.n_params,
+        tokens_per_reference_step=run.token_clock.tokens_per_reference_step,
         wall_s=progress.wall_s,
         eval_s=progress.eval_s,
         train_s=progress.wall_s - progress.eval_s,

@@ -31,7 +31,7 @@ CHECKPOINT_FORMAT = 1
 class Progress:
     """Where the run stands; saved in every checkpoint."""
 
-    microbatches: int = 0  # data position: micro-batches drawn per rank so far
+    data_position: int = 0  # micro-batches this rank has drawn so far
     milestone: int = 0  # index of the next evaluation point
     wall_s: float = 0.0  # wall-clock seconds spent, summed over resumed runs
     eval_s: float = 0.0  # of which in evaluation, checkpoints and reports
@@ -70,7 +70,7 @@ def snapshot(trainee: Trainee, progress: Progress, rank: int, world_size: int) -
     `tokens` windows) and its window's error-feedback residuals."""
     mine = {
         "rng": torch.get_rng_state(),
-        "microbatches": progress.microbatches,
+        "data_position": progress.data_position,
         "window": trainee.window.rank_state_dict(),
     }
     ranks: list[Any] = [mine]
@@ -110,9 +110,8 @@ def restore(state: dict[str, Any], trainee: Trainee, rank: int, world_size: int)
     progress = Progress(**state["progress"])
     if state["world_size"] == world_size:
         torch.set_rng_state(state["rng"][rank])
-        if "ranks" in state:  # checkpoints before per-rank positions hold rank 0's alone
-            progress.microbatches = int(state["ranks"][rank]["microbatches"])
-            trainee.window.load_rank_state_dict(state["ranks"][rank]["window"])
+        progress.data_position = int(state["ranks"][rank]["data_position"])
+        trainee.window.load_rank_state_dict(state["ranks"][rank]["window"])
     return progress
 
 

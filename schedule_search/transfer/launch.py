@@ -1,5 +1,5 @@
 """How a transfer is launched: the command line's choices, or, when a transfer is being
-resumed, those it was launched with (`transfer/plan.json`), and a refusal when the two would
+resumed, those it was launched with (`transfer/launch.json`), and a refusal when the two would
 change its runs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 
 from schedule_search.core.config import ConfigError
-from schedule_search.sweep.experiment import Experiment, SweepSettings
+from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.train.config import check_workers
 from schedule_search.transfer.plan import METHODS
 from schedule_search.transfer.run import build_study, transfer_base
@@ -38,7 +38,7 @@ def plan_launch(
     built, and a resumed transfer keeps what it was launched with unless a flag says
     otherwise (a flag that would change its runs is a ConfigError)."""
     settings = sweep.settings()
-    launched = sweep.root / "transfer" / "plan.json"
+    launched = sweep.root / "transfer" / "launch.json"
     before = json.loads(launched.read_text()) if launched.exists() else {}
     workers = workers or before.get("workers")
     concurrency = concurrency or before.get("concurrency")

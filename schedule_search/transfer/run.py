@@ -18,16 +18,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ray import tune
+
 from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import ConfigError, parse, to_dict
 from schedule_search.core.files import atomic_write_text
-from schedule_search.sweep.experiment import Experiment, SweepSettings
-from schedule_search.sweep.facts import read_facts
-from schedule_search.sweep.records import read_records
+from schedule_search.recipe import load_recipe
+from schedule_search.store.experiment import Experiment, SweepSettings
+from schedule_search.store.facts import read_facts
+from schedule_search.store.records import read_records
+from schedule_search.sweep.driver import run_tune
+from schedule_search.sweep.live_view import LiveView
+from schedule_search.sweep.ray_env import ray_session
 from schedule_search.train.config import TrainConfig
 from schedule_search.transfer.plan import METHODS, History, TransferStudy
 
-__all__ = ["METHODS", "Unfinished", "build_study", "run_transfer", "transfer_base"]
+__all__ = [
+    "METHODS",
+    "TransferOutcome",
+    "Unfinished",
+    "build_study",
+    "run_transfer",
+    "transfer_base",
+]
 
 
 def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str, float]:
@@ -36,8 +49,6 @@ def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str, float]:
     recipe_path = sweep.root / "recipe.yaml"
     horizon = read_facts(sweep.root).horizon
     if recipe_path.is_file():
-        from schedule_search.recipe import load_recipe
-
         spec = load_recipe(recipe_path).spec
         trial_id, fraction = spec.source["trial_id"], float(spec.ema.objective)
     else:
@@ -106,8 +117,8 @@ def continuation(sweep: Experiment, trial_id: str, base: TrainConfig, workers: i
         k: v for k, v in ours.items() if k not in ignored
     }:
         return None
-    clock = history[-1].clock(base.budget.tokens_per_param)
-    needed = clock.tokens(read_facts(sweep.root).horizon)
+    token_clock = history[-1].token_clock(base.budget.tokens_per_param)
+    needed = token_clock.tokens(read_facts(sweep.root).horizon)
     folders = ckpt.checkpoint_folders(sweep.train_run_dir(trial_id))
     reached = [f for f in folders if _tokens(f) >= needed]
     return str(reached[0]) if reached else None
@@ -126,21 +137,30 @@ def build_study(
     return study, trial_id
 
 
+@dataclass(frozen=True)
+class TransferOutcome:
+    """A finished study, what its report is written from: its folder, its plan, every run's
+    records, and the recipe trial's own history at the sweep's horizon."""
+
+    root: Path
+    study: TransferStudy
+    records: dict[str, Any]
+    sweep_history: History
+
+
 def run_transfer(
     sweep: Experiment,
     settings: SweepSettings,
     horizons: list[float],
     methods: list[str],
     resume: bool,
-) -> Path:
-    """Run (or resume) the transfer study of `sweep`; returns the folder of its results."""
-    from schedule_search.sweep.ray_env import ray_session
-
+) -> TransferOutcome:
+    """Run (or resume) the transfer study of `sweep` to its end."""
     study, trial_id = build_study(sweep, settings, horizons, methods)
     root = sweep.root / "transfer"
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(
-        root / "plan.json",
+        root / "launch.json",
         json.dumps(
             {
                 "recipe_trial": trial_id,
@@ -156,27 +176,19 @@ def run_transfer(
     )
     with ray_session(settings, study.base.task, sweep.root):
         records = _run_rounds(study, root, settings, resume)
-    from schedule_search.report.transfer import write_transfer_report
-
-    sweep_history = read_records(sweep.trial_dir(trial_id)).history
-    write_transfer_report(root, study, records, sweep_history)
-    return root
+    return TransferOutcome(root, study, records, read_records(sweep.trial_dir(trial_id)).history)
 
 
 def _run_rounds(
     study: TransferStudy, root: Path, settings: SweepSettings, resume: bool
 ) -> dict[str, RunRecord]:
     """Every round until nothing is pending; what each run did."""
-    from ray import tune
-
-    from schedule_search.sweep.driver import run_tune
-
     finished: dict[str, History] = {}
     where: dict[str, tuple[Experiment, str]] = {}
 
     def checkpoint_at(run: str, multiple: float) -> Path:
         phase, trial = where[run]
-        tokens = finished[run][-1].clock(study.base.budget.tokens_per_param).tokens(multiple)
+        tokens = finished[run][-1].token_clock(study.base.budget.tokens_per_param).tokens(multiple)
         for folder in ckpt.checkpoint_folders(phase.train_run_dir(trial)):
             if _tokens(folder) >= tokens:
                 return folder
@@ -279,9 +291,7 @@ def _require_finished(phase: Experiment, names: list[str]) -> None:
 
 
 def _live_view(spans: dict[str, tuple[float, float]]):
-    """The progress view of one round: its runs and the Chinchilla multiples each trains over."""
-    from schedule_search.sweep.live_view import LiveView
-
+    """The live view of one round: its runs and the Chinchilla multiples each trains over."""
     return LiveView(
         len(spans), sum(end - start for start, end in spans.values()), lambda p: spans[p["run"]]
     )

@@ -6,7 +6,7 @@ from helpers import DATA, GOOD_RECIPE
 
 from schedule_search.core.config import ConfigError
 from schedule_search.recipe import load_recipe
-from schedule_search.sweep.experiment import TrialRow, select_best
+from schedule_search.store.experiment import TrialRow, select_best
 
 
 def row(trial_id: str, loss: float, seconds: float) -> TrialRow:

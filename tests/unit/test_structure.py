@@ -1,6 +1,7 @@
 """The package's shape, read from its source with `ast` (nothing of it is imported): no import
-cycles among its modules, no module over 400 lines, no function over 80 lines, and the
-training loop's `train` within 80 lines.
+cycles among its modules, imports only down its layers (`LAYERS`), no Ray in the parts that
+must run without it (`NO_RAY`), no module over 400 lines, and no function over 80 lines (the
+training loop's `train` among them).
 
 An import is any `import` or `from ... import` anywhere in a module: at its top, inside a
 function, under `if TYPE_CHECKING:`. `from schedule_search.a import b` imports the module
@@ -15,6 +16,23 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "schedule_search"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+#: The package's parts, bottom-up: each may import itself and the parts before it, never one
+#: after it. A part is a subpackage or a top-level module; the package's own `__init__` sits
+#: under them all (it holds the version and imports nothing of the package).
+LAYERS = (
+    "core",
+    "tasks",
+    "train",
+    "store",
+    "recipe",
+    "sweep",
+    "transfer",
+    "report",
+    "commands",
+    "cli",
+)
+#: The parts that import no `ray` module at all, not even inside a function.
+NO_RAY = ("core", "store", "recipe", "report")
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,57 @@ def imports_of(module: Module, modules: dict[str, Module]) -> list[Import]:
                 ]
         found += [Import(module.name, t, node.lineno) for t in targets if t and t != module.name]
     return found
+
+
+def external_imports(module: Module, root: str) -> list[tuple[str, int]]:
+    """(dotted name, line) of each absolute import of a module outside package `root`; for
+    `from a.b import c`, `a.b`."""
+    found = []
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] != root]
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and node.module
+            and node.module.split(".")[0] != root
+        ):
+            found.append((node.module, node.lineno))
+    return found
+
+
+def part_of(name: str) -> str:
+    """The layer a module belongs to: `schedule_search.sweep.driver` -> `sweep`,
+    `schedule_search.cli` -> `cli`, the package itself -> ``."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(
+    modules: dict[str, Module], layers: tuple[str, ...], no_ray: tuple[str, ...]
+) -> list[str]:
+    """Every import against the layers, as `file:line: a -> b (why)`: of a part above the
+    importer's, and of any `ray` module by a part in `no_ray`; and each module in no layer."""
+    root = next(iter(modules)).split(".")[0]
+    rank = {"": -1} | {part: i for i, part in enumerate(layers)}
+    wrong: list[tuple[str, int, str]] = []
+    for module in modules.values():
+        source = part_of(module.name)
+        if source not in rank:
+            wrong.append((module.file, 0, f"{module.name} is in no layer"))
+            continue
+        for imp in imports_of(module, modules):
+            target = part_of(imp.target)
+            if rank.get(target, len(layers)) > rank[source]:
+                why = f"{source or root} may not import {target}, above it"
+                wrong.append((module.file, imp.line, f"{module.name} -> {imp.target} ({why})"))
+        if source in no_ray:
+            wrong += [
+                (module.file, line, f"{module.name} -> {name} ({source} imports no ray)")
+                for name, line in external_imports(module, root)
+                if name.split(".")[0] == "ray"
+            ]
+    return [f"{file}:{line}: {text}" for file, line, text in sorted(wrong)]
 
 
 def import_cycles(modules: dict[str, Module]) -> list[list[Import]]:
@@ -202,16 +271,11 @@ def test_no_function_over_80_lines():
     assert not long, "functions too long:\n  " + "\n  ".join(long)
 
 
-def test_the_training_loop_fits_in_80_lines():
-    loop = MODULES["schedule_search.train.loop"]
-    (train,) = [
-        node
-        for node in loop.tree.body
-        if isinstance(node, ast.FunctionDef) and node.name == "train"
-    ]
-    assert length(train) <= MAX_FUNCTION_LINES, (
-        f"schedule_search.train.loop.train ({loop.file}:{train.lineno}): {length(train)} lines "
-        f"(limit {MAX_FUNCTION_LINES})"
+def test_imports_go_only_down_the_layers():
+    wrong = layer_violations(MODULES, LAYERS, NO_RAY)
+    assert not wrong, (
+        f"imports against the layers ({' < '.join(LAYERS)}; no ray in {', '.join(NO_RAY)}):\n  "
+        + "\n  ".join(wrong)
     )
 
 
@@ -233,3 +297,29 @@ def test_the_checks_find_what_is_planted(tmp_path):
     ]
     assert long_modules(modules, 9) == ["pkg.c (pkg/c.py): 10 lines (limit 9)"]
     assert long_functions(modules, 4) == ["pkg.d.long (pkg/d.py:1): 5 lines (limit 4)"]
+
+
+def test_the_layer_check_finds_what_is_planted(tmp_path):
+    """An upward import inside a function and through a relative import, Ray imported lazily
+    in a part that must not, and a part in no layer are each reported; downward imports and
+    Ray where it is allowed are not."""
+    package = tmp_path / "pkg"
+    for part in ("low", "high"):
+        (package / part).mkdir(parents=True)
+        (package / part / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "low" / "a.py").write_text(
+        "import json\n\n\ndef f():\n    from pkg.high import b\n    import ray.tune\n"
+    )
+    (package / "low" / "c.py").write_text("from ..high.b import x\nfrom ray import tune\n")
+    (package / "high" / "b.py").write_text("import ray\nfrom pkg.low import a\nx = 1\n")
+    (package / "top.py").write_text("from pkg import high\n")
+    (package / "stray.py").write_text("")
+    modules = read_modules(package)
+    assert layer_violations(modules, ("low", "high", "top"), ("low",)) == [
+        "pkg/low/a.py:5: pkg.low.a -> pkg.high.b (low may not import high, above it)",
+        "pkg/low/a.py:6: pkg.low.a -> ray.tune (low imports no ray)",
+        "pkg/low/c.py:1: pkg.low.c -> pkg.high.b (low may not import high, above it)",
+        "pkg/low/c.py:2: pkg.low.c -> ray (low imports no ray)",
+        "pkg/stray.py:0: pkg.stray is in no layer",
+    ]

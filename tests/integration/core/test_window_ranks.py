@@ -171,6 +171,11 @@ def test_a_rank_that_sits_a_microbatch_out_still_gets_the_global_mean_gradient()
         torch.testing.assert_close(torch.tensor(weights), expected, rtol=0, atol=1e-6)
 
 
+def fresh_window_state(config: WindowConfig) -> dict:
+    """The shared state of a window accumulator before its first close."""
+    return {"tokens_seen": 0, "windows": 0, "length": config.min_microbatches}
+
+
 def fp32_windows(rank: int, config: WindowConfig, windows: int, state=None):
     """`windows` windows of 2 micro-batches (rank 1 sits out the last one of odd windows) on
     a float32 model with a parameter no loss reaches; returns the parameters, the gradients
@@ -206,9 +211,9 @@ def overlap_and_feedback(rank: int, world: int) -> dict:
     }
     for kind in ("none", "bf16", "int8"):
         config = WindowConfig(microbatches=2, clip_norm=None, compression=kind)
-        out[kind] = fp32_windows(rank, config, 40, state=({"tokens_seen": 0, "windows": 0}, {}))
+        out[kind] = fp32_windows(rank, config, 40, state=(fresh_window_state(config), {}))
     config = WindowConfig(microbatches=2, clip_norm=None, compression="int8")
-    fresh = ({"tokens_seen": 0, "windows": 0}, {})
+    fresh = (fresh_window_state(config), {})
     _, first, saved = fp32_windows(rank, config, 20, state=fresh)
     out["resumed"] = first + fp32_windows(rank, config, 20, state=saved)[1]
     return out

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from ray.cluster_utils import Cluster
 
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 from schedule_search.train.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -16,7 +16,7 @@ import yaml
 from sweeps import SHARES_THE_FINISHED_SWEEP
 
 from schedule_search.cli import main
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 from schedule_search.train.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

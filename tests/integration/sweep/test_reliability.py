@@ -16,7 +16,7 @@ from sweeps import CLI
 
 from schedule_search.core import checkpoint as ckpt
 from schedule_search.recipe import load_recipe
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 
 
 @pytest.mark.slow

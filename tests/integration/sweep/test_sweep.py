@@ -21,7 +21,7 @@ from sweeps import (
 )
 
 from schedule_search.recipe import load_recipe
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -15,7 +15,7 @@ from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import parse
 from schedule_search.core.schedules import Warmup, Wsd
 from schedule_search.recipe import load_recipe
-from schedule_search.sweep.experiment import Experiment
+from schedule_search.store.experiment import Experiment
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.launch import run_local
 from schedule_search.transfer.run import continuation, run_names, transfer_base
@@ -196,9 +196,9 @@ def check_envelopes(table: dict, runs: dict) -> None:
 def check_the_recipe_continued(sweep: Experiment, root: Path, table: dict, runs: dict) -> None:
     """The recipe's run starts from the sweep trial's checkpoint at 1x (same config, same
     tokens per step) and ends where a run never stopped ends."""
-    plan = json.loads((root / "plan.json").read_text())
-    trial = plan["recipe_trial"]
-    checkpoint = Path(plan["continued_from"])
+    launched = json.loads((root / "launch.json").read_text())
+    trial = launched["recipe_trial"]
+    checkpoint = Path(launched["continued_from"])
     assert checkpoint.parent == sweep.train_run_dir(trial)
     state = ckpt.load_state(checkpoint)
     assert state["progress"]["status"] == "completed"  # the sweep trial's end, at 1x

@@ -77,7 +77,7 @@ def test_state_dict_round_trip():
     bank.update(3.0)
     other = EmaBank(list(torch.nn.Linear(4, 2).parameters()), [0.01, 0.1])
     other.load_state_dict(bank.state_dict())
-    assert other.clock == 3.0
+    assert other.t == 3.0
     for frac in (0.01, 0.1):
         for a, b in zip(other.weights(frac), bank.weights(frac), strict=True):
             assert torch.equal(a, b)

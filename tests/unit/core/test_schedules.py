@@ -1,4 +1,4 @@
-"""Schedules against DESIGN section 2, written out again independently here."""
+"""Schedules against the formulas of the contract, written out again independently here."""
 
 import dataclasses
 import math
@@ -105,14 +105,14 @@ def test_bad_schedule_config_names_the_key(data, message):
 
 
 def d2z_reference(t: float, W: float, T: float) -> float:
-    """Linear decay to zero, DESIGN section 2, written out again."""
+    """Linear decay to zero, written out again."""
     if t < W:
         return 0.1 + 0.9 * t / W
     return max(0.0, 1.0 - (t - W) / (T - W))
 
 
 def sqrt_cooldown_reference(t: float, W: float, T: float, f: float) -> float:
-    """WSD with the (1 - sqrt) cooldown over the last f of T, DESIGN section 2."""
+    """WSD with the (1 - sqrt) cooldown over the last f of T."""
     if t < W:
         return 0.1 + 0.9 * t / W
     t0 = (1 - f) * T

@@ -16,7 +16,7 @@ class Clock:
 
 def test_counts_best_and_eta_of_a_sweep(capsys):
     clock = Clock()
-    view = LiveView(total=3, planned_units=12.0, span=lambda params: (0.0, 4.0), clock=clock)
+    view = LiveView(total=3, planned_units=12.0, span=lambda params: (0.0, 4.0), wall_clock=clock)
     assert view.eta_s() is None  # no rate yet
     view.started("a", {"lr": 0.1}, resumed_from=0.0)
     clock.now = 10.0
@@ -45,7 +45,7 @@ def test_counts_best_and_eta_of_a_sweep(capsys):
 def test_branches_count_only_the_part_they_train():
     clock = Clock()
     spans = {"wsd-4x": (3.6, 4.0), "wsd-8x": (7.2, 8.0)}
-    view = LiveView(2, 0.4 + 0.8, lambda p: spans[p["run"]], clock=clock)
+    view = LiveView(2, 0.4 + 0.8, lambda p: spans[p["run"]], wall_clock=clock)
     view.started("x", {"run": "wsd-8x"}, resumed_from=0.0)
     clock.now = 8.0
     view.result("x", {"run": "wsd-8x"}, {"chinchilla": 8.0, "val_loss": 1.0})

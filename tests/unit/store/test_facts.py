@@ -6,7 +6,8 @@ import json
 import pytest
 
 from schedule_search.core.config import ConfigError
-from schedule_search.sweep.facts import FACTS_FILE, read_facts, resolve_facts, write_facts
+from schedule_search.store.facts import FACTS_FILE, read_facts, write_facts
+from schedule_search.sweep.resolve import resolve_facts
 from schedule_search.sweep.space import SearchSpace, trial_config
 from schedule_search.tasks.registry import build_task
 
@@ -30,7 +31,7 @@ def test_facts_count_the_model_the_trials_train_without_allocating_it(tmp_path):
 @pytest.mark.parametrize(
     "text, expected",
     [
-        (None, "facts.json: not found, and no space.yaml"),
+        (None, "facts.json: unreadable sweep facts"),
         ("{", "unreadable sweep facts"),
         ('{"x": 1}', "facts.json: "),
     ],
@@ -48,21 +49,3 @@ def test_facts_are_plain_json_a_reader_can_audit(tmp_path):
     write_facts(tmp_path, resolve_facts(space, "space.yaml"))
     recorded = json.loads((tmp_path / FACTS_FILE).read_text())
     assert recorded["n_params"] == 16 and recorded["horizon"] == 4.0
-
-
-def test_a_sweep_from_before_facts_json_has_them_derived_from_its_own_records(tmp_path):
-    """Without facts.json: the budget from the folder's space.yaml, the model's size from the
-    first trial that evaluated; the task is never built (its data may be gone)."""
-    space = {
-        "name": "old",
-        "base": {"task": {"name": "tinylm", "data": str(tmp_path / "gone.txt")}},
-        "params": {"optimizer.lr": {"type": "loguniform", "low": 1e-3, "high": 1e-2}},
-    }
-    (tmp_path / "space.yaml").write_text(json.dumps(space))
-    assert read_facts(tmp_path).n_params == 0  # no trial has evaluated yet
-    trial = tmp_path / "trials" / "t1"
-    trial.mkdir(parents=True)
-    record = {"chinchilla": 0.25, "tokens": 100, "val_loss": 3.0, "n_params": 1234}
-    (trial / "metrics.json").write_text(json.dumps([record | {"tokens_per_reference_step": 64}]))
-    facts = read_facts(tmp_path)
-    assert (facts.horizon, facts.n_params, facts.tokens_per_reference_step) == (4.0, 1234, 64)

@@ -1,16 +1,13 @@
-"""bench/pack_transfer.py carries a stopped transfer to another machine: every record, and of
-the checkpoints only those the rest of the study needs."""
+"""`pack_transfer` carries a stopped transfer to another machine: every record, of the
+checkpoints only those the rest of the study needs, and never the local Ray's token."""
 
-import importlib.util
+import ast
 import json
 import tarfile
 from pathlib import Path
 
-SCRIPT = Path(__file__).parents[3] / "bench" / "pack_transfer.py"
-spec = importlib.util.spec_from_file_location("pack_transfer", SCRIPT)
-assert spec is not None and spec.loader is not None
-pack_transfer = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pack_transfer)
+import schedule_search
+from schedule_search.transfer.pack import LEFT_OUT, pack_transfer
 
 
 def trial(rnd: Path, trial_id: str, run: str, checkpoints: list[int], finished: bool) -> None:
@@ -39,8 +36,9 @@ def build(tmp_path: Path, branches_finished: bool) -> None:
     start = state(root / "train" / "run-sweep", 40)
     state(root / "train" / "run-sweep", 20)
     (root / "transfer").mkdir()
+    (root / "ray_token").write_text("secret")  # a killed transfer's local Ray left it
     plan = {"continued_from": str(start), "horizons": [1.0, 2.0]}
-    (root / "transfer" / "plan.json").write_text(json.dumps(plan))
+    (root / "transfer" / "launch.json").write_text(json.dumps(plan))
     first, second = root / "transfer" / "round1", root / "transfer" / "round2"
     trial(first, "a", "constant", [10, 20, 30], finished=True)
     trial(first, "b", "cosine-1x-lr0.1", [10, 20], finished=True)
@@ -54,7 +52,7 @@ def build(tmp_path: Path, branches_finished: bool) -> None:
 
 def packed(tmp_path: Path) -> list[str]:
     out = tmp_path / "state.tar.gz"
-    pack_transfer.pack(tmp_path / "runs", "s", out)
+    pack_transfer(tmp_path / "runs", "s", out)
     with tarfile.open(out) as tar:
         return tar.getnames()
 
@@ -81,11 +79,26 @@ def test_only_the_checkpoints_the_rest_of_the_study_needs_are_packed(tmp_path):
         "run-f@5",
     }
     assert not any(n.endswith("windows.jsonl") for n in names)
+    assert "s/ray_token" not in names
     for record in ("config.json", "metrics.json", "result.json"):
         assert f"s/transfer/round1/trials/b/{record}" in names
-    assert "s/transfer/plan.json" in names
+    assert "s/transfer/launch.json" in names
 
     # Once every branch has finished, the trunks' checkpoints are left behind.
     build(tmp_path / "closed", branches_finished=True)
     names = packed(tmp_path / "closed")
     assert checkpoints(names) == {"run-sweep@40", "run-c@20"}
+
+
+def test_the_token_left_out_is_the_file_the_local_ray_writes():
+    """The pack names the token file itself (the module that does imports Ray): read that
+    module's `TOKEN_FILE` from its source, without importing it."""
+    ray_env = Path(schedule_search.__file__).parent / "sweep" / "ray_env.py"
+    (value,) = [
+        node.value.value
+        for node in ast.parse(ray_env.read_text()).body
+        if isinstance(node, ast.Assign)
+        and [getattr(t, "id", None) for t in node.targets] == ["TOKEN_FILE"]
+        and isinstance(node.value, ast.Constant)
+    ]
+    assert value in LEFT_OUT

@@ -24,22 +24,30 @@ import io
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from schedule_search.core.averaging import loss_key
-from schedule_search.core.config import ConfigError, parse
+from schedule_search.core.config import ConfigError
 from schedule_search.core.files import append_jsonl, atomic_write_text
 from schedule_search.core.states import State
-from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, write_recipe
-from schedule_search.sweep.facts import SweepFacts
-from schedule_search.sweep.records import read_records
-from schedule_search.train.config import TrainConfig
+from schedule_search.store.records import read_records
 
-__all__ = ["RUNS", "Experiment", "SweepSettings", "TrialRow", "select_best", "train_run_name"]
+__all__ = [
+    "FORMAT",
+    "RUNS",
+    "Experiment",
+    "SweepSettings",
+    "TrialRow",
+    "select_best",
+    "train_run_name",
+]
 
 RUNS = Path("runs")
+#: The layout of an experiment folder this version reads and writes (in sweep.json). A folder
+#: of another format is refused in one line: no version reads another's folders.
+FORMAT = 1
 
 
 @dataclass
@@ -141,7 +149,9 @@ class Experiment:
 
     # -- settings --------------------------------------------------------------------------
     def save_settings(self, settings: SweepSettings) -> None:
-        atomic_write_text(self.root / "sweep.json", json.dumps(asdict(settings), indent=1))
+        """Write sweep.json: the folder's format number and how the sweep was launched."""
+        recorded = {"format": FORMAT, **asdict(settings)}
+        atomic_write_text(self.root / "sweep.json", json.dumps(recorded, indent=1))
 
     def settings(self) -> SweepSettings:
         path = self.root / "sweep.json"
@@ -149,12 +159,17 @@ class Experiment:
             raise ConfigError(f"{self.root}: no sweep here (sweep.json not found)")
         try:
             recorded = json.loads(path.read_text())
-            # Sweeps before 2026-12 wrote the space's absolute path; the space is always the
-            # folder's own space.yaml (the folder may have moved since).
-            recorded.pop("space_path", None)
-            recorded.pop("seed", None)  # the space's seed, recorded twice before 2026-12
-            return SweepSettings(**recorded)
+            found = recorded.pop("format", None)
         except (ValueError, TypeError, AttributeError) as err:
+            raise ConfigError(f"{path}: unreadable sweep settings ({err})") from None
+        if found != FORMAT:
+            raise ConfigError(
+                f"{self.root}: an experiment folder of format {found or 'none'}; this version "
+                f"of schedule-search reads format {FORMAT} (run the version that wrote it)"
+            )
+        try:
+            return SweepSettings(**recorded)
+        except TypeError as err:
             raise ConfigError(f"{path}: unreadable sweep settings ({err})") from None
 
     # -- per-trial records -----------------------------------------------------------------
@@ -185,7 +200,7 @@ class Experiment:
 
     def _row(self, trial_id: str) -> TrialRow:
         records = read_records(self.trial_dir(trial_id))
-        config, history, result = records.config, records.history, records.result
+        history, result = records.history, records.result
         if records.problem is not None:
             return TrialRow(trial_id, State.CORRUPT, records.params, reason=records.problem)
         row = TrialRow(
@@ -211,8 +226,6 @@ class Experiment:
         row.chinchilla, row.tokens, row.val_loss = last.chinchilla, last.tokens, last.val_loss
         row.wall_s = last.wall_s
         row.ema_fraction = last.ema_fraction
-        if math.isnan(row.ema_fraction):  # a record from before the bank's pick was recorded
-            row.ema_fraction = config.get("config", {}).get("ema", {}).get("objective", math.nan)
         row.bank = {loss_key(f): loss for f, loss in last.losses.items()}
         row.curve = [(h.milestone, h.chinchilla, h.val_loss) for h in history]
         finite = [h.val_loss for h in history if math.isfinite(h.val_loss)]
@@ -237,57 +250,6 @@ class Experiment:
         among those whose wall-clock time to the horizon is at most `max_slowdown` times the
         fastest such trial's: the choice lies on the loss/time Pareto front."""
         return select_best(self.finished(horizon), max_slowdown)
-
-    def export(
-        self, output: Path, facts: SweepFacts, max_slowdown: float | None = None
-    ) -> tuple[TrialRow, RecipeSpec]:
-        """Write the best trial's config as a recipe file (atomically)."""
-        horizon = facts.horizon
-        damaged = self.problems()
-        if damaged:  # the best may be the damaged trial: picking among the rest is a guess
-            raise ConfigError(
-                f"{damaged[0]}; export needs every trial's records (move that trial's folder "
-                "out of trials/ to export without it)"
-            )
-        best = self.best(horizon, max_slowdown)
-        if best is None:
-            raise ConfigError(f"{self.root}: no trial has reached the {horizon:g}x horizon yet")
-        config = parse(
-            TrainConfig, self.read_trial_json(best.trial_id, "config.json")["config"], "trial"
-        )
-        last = read_records(self.trial_dir(best.trial_id)).history[-1]
-        # The recipe evaluates with the fraction that won at the horizon and keeps the bank.
-        ema = replace(config.ema, objective=float(best.ema_fraction))
-        spec = RecipeSpec(
-            format=RECIPE_FORMAT,
-            optimizer=config.optimizer,
-            schedule=config.schedule,
-            ema=ema,
-            window=config.window,
-            sharding=config.sharding,
-            # The trial's own model (a space may search task.* keys), as it recorded it.
-            n_params=int(last.n_params),
-            tokens_per_param=config.budget.tokens_per_param,
-            tokens_per_reference_step=float(last.tokens_per_reference_step),
-            objective={
-                "metric": "val_loss",
-                "value": best.val_loss,
-                "horizon": horizon,
-                "wall_s": best.wall_s,
-                "ema_fraction": float(best.ema_fraction),
-                "rule": "lowest val_loss"
-                + (f" within {max_slowdown:g}x the fastest trial's time" if max_slowdown else ""),
-            },
-            source={
-                "experiment": self.root.name,
-                "path": str(self.root),
-                "trial_id": best.trial_id,
-                "task": config.task,
-                "params": best.params,
-            },
-        )
-        write_recipe(output, spec)
-        return best, spec
 
     def write_table(self) -> list[TrialRow]:
         rows = self.rows()

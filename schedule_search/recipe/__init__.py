@@ -88,11 +88,6 @@ class Recipe:
         """The EMA fraction whose loss the sweep optimized: evaluate with this one."""
         return float(self.spec.ema.objective)  # a number: `RecipeSpec` refuses `best`
 
-    @property
-    def horizon(self) -> TokenClock:
-        """The token clock under its name before 2026-12 (`token_clock`)."""
-        return self.token_clock
-
     def clock(self, tokens: float) -> float:
         """t, in reference steps, after `tokens` tokens."""
         return self.token_clock.steps(tokens)

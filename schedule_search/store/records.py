@@ -19,7 +19,10 @@ from schedule_search.core.states import ENDINGS
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.evaluation import Evaluation
 
-__all__ = ["CorruptRecord", "TrialRecords", "read_records"]
+#: The name of a trial's objective in its results: what the searcher minimizes and ranks.
+METRIC = "val_loss"
+
+__all__ = ["METRIC", "CorruptRecord", "TrialRecords", "read_records"]
 
 
 class CorruptRecord(Exception):

@@ -1,0 +1,68 @@
+"""`export`: the best trial of a finished sweep as a recipe file, read from the experiment
+folder alone (no Ray, no task code)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from schedule_search.core.config import ConfigError, parse
+from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, write_recipe
+from schedule_search.store.experiment import Experiment, TrialRow
+from schedule_search.store.facts import SweepFacts
+from schedule_search.store.records import read_records
+from schedule_search.train.config import TrainConfig
+
+__all__ = ["export_best"]
+
+
+def export_best(
+    experiment: Experiment, output: Path, facts: SweepFacts, max_slowdown: float | None = None
+) -> tuple[TrialRow, RecipeSpec]:
+    """Write the best trial's config as a recipe file (atomically)."""
+    horizon = facts.horizon
+    damaged = experiment.problems()
+    if damaged:  # the best may be the damaged trial: picking among the rest is a guess
+        raise ConfigError(
+            f"{damaged[0]}; export needs every trial's records (move that trial's folder "
+            "out of trials/ to export without it)"
+        )
+    best = experiment.best(horizon, max_slowdown)
+    if best is None:
+        raise ConfigError(f"{experiment.root}: no trial has reached the {horizon:g}x horizon yet")
+    config = parse(
+        TrainConfig, experiment.read_trial_json(best.trial_id, "config.json")["config"], "trial"
+    )
+    last = read_records(experiment.trial_dir(best.trial_id)).history[-1]
+    # The recipe evaluates with the fraction that won at the horizon and keeps the bank.
+    ema = replace(config.ema, objective=float(best.ema_fraction))
+    spec = RecipeSpec(
+        format=RECIPE_FORMAT,
+        optimizer=config.optimizer,
+        schedule=config.schedule,
+        ema=ema,
+        window=config.window,
+        sharding=config.sharding,
+        # The trial's own model (a space may search task.* keys), as it recorded it.
+        n_params=int(last.n_params),
+        tokens_per_param=config.budget.tokens_per_param,
+        tokens_per_reference_step=float(last.tokens_per_reference_step),
+        objective={
+            "metric": "val_loss",
+            "value": best.val_loss,
+            "horizon": horizon,
+            "wall_s": best.wall_s,
+            "ema_fraction": float(best.ema_fraction),
+            "rule": "lowest val_loss"
+            + (f" within {max_slowdown:g}x the fastest trial's time" if max_slowdown else ""),
+        },
+        source={
+            "experiment": experiment.root.name,
+            "path": str(experiment.root),
+            "trial_id": best.trial_id,
+            "task": config.task,
+            "params": best.params,
+        },
+    )
+    write_recipe(output, spec)
+    return best, spec

@@ -1,0 +1,82 @@
+"""A stopped transfer and its sweep packed into one tarball that resumes on another machine.
+
+The tinylm transfer study is about 500x Chinchilla of training, more than one sitting on a
+small machine; this carries it from one to the next. Kept: every record (configs, metrics,
+results, events), Tune's experiment state, and only the checkpoints still needed: the sweep
+checkpoint the recipe continues from (a resumed study reads it to know the recipe continued),
+the newest of every unfinished run, and every checkpoint of a trunk (the constant run, the
+schedule-free grid) whose branches have not all finished. Left out: window logs
+(`windows.jsonl`; no table or plot reads them), every other checkpoint, and the local Ray's
+authentication token (`ray_token`, left behind by a killed sweep or transfer): a secret of a
+Ray that no longer runs, and of no use elsewhere.
+
+The tarball holds the experiment folder under its own name: unpacked into the storage folder
+of another machine at the same path, `schedule-search transfer NAME` resumes it there.
+
+This module imports no Ray: it only reads the files a transfer left.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+from schedule_search.transfer.plan import WSD
+
+__all__ = ["LEFT_OUT", "needed_checkpoints", "pack_transfer"]
+
+#: File names never packed, wherever they lie: window logs, and the local Ray's token (the
+#: name `schedule_search.sweep.ray_env.TOKEN_FILE` gives it; not imported, it imports Ray).
+LEFT_OUT = frozenset({"windows.jsonl", "ray_token"})
+CHECKPOINT_PREFIX = "checkpoint_"
+
+
+def needed_checkpoints(root: Path) -> set[Path]:
+    """The checkpoint folders (resolved) of the experiment at `root` that the rest of its
+    transfer needs: the recipe's start, the newest of each unfinished run, and every
+    checkpoint of a trunk whose branches have not all finished."""
+    launched = json.loads((root / "transfer" / "launch.json").read_text())
+    keep = {Path(launched["continued_from"]).resolve()} if launched.get("continued_from") else set()
+    finished: set[str] = set()
+    train_dirs: dict[str, Path] = {}
+    for trial in sorted((root / "transfer").glob("round*/trials/*")):
+        config = json.loads((trial / "config.json").read_text())
+        name = config["params"]["run"]
+        train_dirs[name] = trial.parent.parent / "train" / config.get("train_run", "")
+        if (trial / "result.json").exists():
+            finished.add(name)
+        elif config.get("train_run") and (
+            folders := sorted(train_dirs[name].glob(f"{CHECKPOINT_PREFIX}*"))
+        ):
+            keep.add(folders[-1].resolve())
+    branches = {f"{prefix}-{h:g}x" for prefix in WSD for h in launched["horizons"]}
+    trunks = []
+    if not branches <= finished:
+        trunks.append("constant")
+    if "schedulefree" not in finished:
+        trunks += [n for n in train_dirs if n.startswith("schedulefree-lr")]
+    for name in trunks:
+        if name in train_dirs:
+            keep |= {f.resolve() for f in train_dirs[name].glob(f"{CHECKPOINT_PREFIX}*")}
+    return keep
+
+
+def pack_transfer(storage: Path, name: str, out: Path) -> set[Path]:
+    """Write `out` (a .tar.gz) holding the experiment `storage`/`name` under `name/`, less
+    what the rest of its transfer does not need (see the module's docstring); return the
+    checkpoint folders kept. The transfer must be stopped: a running one changes under it."""
+    keep = needed_checkpoints(storage / name)
+
+    def wanted(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        path = (storage / info.name).resolve()
+        if Path(info.name).name in LEFT_OUT:
+            return None
+        inside = next(
+            (p for p in (path, *path.parents) if p.name.startswith(CHECKPOINT_PREFIX)), None
+        )
+        return None if inside is not None and inside not in keep else info
+
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(storage / name, arcname=name, filter=wanted)
+    return keep

@@ -1,0 +1,43 @@
+"""The searcher reads three private attributes of Ray's OptunaSearch (`RAY_INTERNALS`): a Ray
+release that renames or retypes them fails here, not in the middle of a user's sweep."""
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from schedule_search.sweep.searcher import RAY_INTERNALS, MilestoneOptunaSearch, searcher
+from schedule_search.sweep.space import load_space
+
+SPACES = Path(__file__).resolve().parents[3] / "search_spaces"
+
+
+def test_rays_optuna_search_still_has_what_the_searcher_uses():
+    search = searcher(load_space(SPACES / "linreg.yaml", check_task=False))
+    assert isinstance(search, MilestoneOptunaSearch)
+    for name in RAY_INTERNALS:
+        assert hasattr(search, name), name
+    suggested = search.suggest("t1")
+    assert isinstance(suggested, dict) and suggested
+    assert isinstance(search._ot_study, optuna.Study)
+    assert isinstance(search._ot_trials["t1"], optuna.Trial)
+    assert isinstance(search._completed_trials, set)
+    search.on_trial_result("t1", {"val_loss": 1.5, "milestone": 2})
+    search.on_trial_complete("t1", {"val_loss": 1.25, "milestone": 3, "status": "completed"})
+    (trial,) = search._ot_study.trials
+    assert trial.intermediate_values == {2: 1.5, 3: 1.25}
+    assert trial.value == 1.25 and "t1" in search._completed_trials
+
+
+def test_a_missing_internal_fails_at_construction(monkeypatch):
+    from ray.tune.search.optuna import OptunaSearch
+
+    original = OptunaSearch.__init__
+
+    def without_trials(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        del self._ot_trials
+
+    monkeypatch.setattr(OptunaSearch, "__init__", without_trials)
+    with pytest.raises(RuntimeError, match="no longer has _ot_trials"):
+        searcher(load_space(SPACES / "linreg.yaml", check_task=False))
