@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[sweep,dev]"
+	$(PY) -m pip install -q -e ".[sweep,hf,dev]"
 	touch $(STAMP)
 
 # Everything: real Ray sweeps, kills and gloo ranks, two tests at a time (pytest-xdist; each

@@ -6,6 +6,7 @@
     recipe.lr_multiplier(t)                            # t in reference steps -> float
     ema = recipe.ema(model)                            # EMA bank with the recipe's fraction(s)
     window = recipe.window(model)                      # accumulator with the recipe's policy
+    scheduler = recipe.lr_scheduler(optimizer, tokens_per_step=...)  # a torch LRScheduler
 
 A model sharded with FSDP2 (`fully_shard`) gets a sharded window and an EMA bank over its
 local shards (`core.sharding`); `recipe.spec.sharding` records which the sweep trained with.
@@ -36,6 +37,7 @@ from schedule_search.core.optimizer import OptimizerConfig
 from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.core.sharding import ShardedGradients, Sharding, is_sharded
 from schedule_search.core.window import WindowAccumulator, WindowConfig
+from schedule_search.recipe.scheduler import RecipeLRScheduler
 
 __all__ = ["RECIPE_FORMAT", "Recipe", "RecipeSpec", "load_recipe", "write_recipe"]
 
@@ -99,6 +101,17 @@ class Recipe:
         built = self.spec.optimizer.build(list(params))
         self._optimizers.append(built)
         return built
+
+    def lr_scheduler(
+        self, optimizer: torch.optim.Optimizer, tokens_per_step: float
+    ) -> RecipeLRScheduler:
+        """A torch `LRScheduler` for a trainer that steps one: call `scheduler.step()` after
+        each `optimizer.step()`. Step k gets the LR the recipe gives after
+        `k * tokens_per_step` tokens (`schedule_search.recipe.scheduler`); it saves and loads with
+        `state_dict()` like any torch scheduler."""
+        return RecipeLRScheduler(
+            optimizer, self.schedule, self.token_clock, self.peak_lr, tokens_per_step
+        )
 
     def ema(self, model: torch.nn.Module) -> EmaBank:
         """The bank over the model's trainable parameters and float buffers (`EmaBank.of`);

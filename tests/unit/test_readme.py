@@ -71,3 +71,34 @@ def test_readme_cli_reference_matches_help():
         }
         documented = set(re.findall(r"--[a-z][a-z-]*", rows[verb]))
         assert flags == documented, (verb, sorted(flags ^ documented))
+
+
+def hf_example() -> str:
+    match = re.search(r"<!-- hf-example -->\s*```python\n(.*?)```", README.read_text(), re.S)
+    assert match, "README lost its Hugging Face Trainer example"
+    return match.group(1)
+
+
+def test_readme_hf_trainer_example_runs(tmp_path, monkeypatch):
+    """The example trains a tiny Llama with the real Trainer, saves the EMA bank with its
+    checkpoint, and saves the recipe's EMA weights (not the raw ones) as a model."""
+    from schedule_search.integrations.hf import EMA_FILE
+
+    recipe_file(tmp_path / "recipe.yaml", 16_384, 256.0, microbatches=2)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(hf_example(), "README.md", "exec"), namespace)
+    trainer, callback = namespace["trainer"], namespace["callback"]
+    assert trainer.state.global_step == 20 and trainer.args.gradient_accumulation_steps == 2
+    assert (tmp_path / "hf-out" / "checkpoint-20" / EMA_FILE).is_file()
+    assert callback.ema.t == callback.recipe.clock(20 * 8 * 32 * 2)
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "hf-out" / "ema" / "model.safetensors")
+    names = [name for name, _ in namespace["model"].named_parameters()]
+    averages = dict(zip(names, callback.ema.weights(callback.recipe.ema_fraction), strict=False))
+    assert set(saved) <= set(averages) and len(saved) == len(names)
+    for name, tensor in saved.items():  # the EMA was saved, the raw weights came back after
+        assert torch.equal(tensor, averages[name].to(tensor.dtype)), name
+    raw = dict(namespace["model"].named_parameters())
+    assert any(not torch.equal(saved[name], raw[name].detach()) for name in saved)

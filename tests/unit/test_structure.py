@@ -25,6 +25,7 @@ LAYERS = (
     "train",
     "store",
     "recipe",
+    "integrations",
     "sweep",
     "transfer",
     "report",
@@ -32,7 +33,7 @@ LAYERS = (
     "cli",
 )
 #: The parts that import no `ray` module at all, not even inside a function.
-NO_RAY = ("core", "store", "recipe", "report")
+NO_RAY = ("core", "store", "recipe", "integrations", "report")
 
 
 @dataclass(frozen=True)
