@@ -1,4 +1,4 @@
-"""Which task a config names: a built-in one (`linreg`, `tinylm`) or a user's
+"""Which task a config names: a built-in one (`linreg`, `tinylm`, `hf_causal_lm`) or a user's
 `package.module:factory`, built and checked against the protocol."""
 
 from __future__ import annotations
@@ -23,14 +23,18 @@ def _builtin(name: str) -> Callable[..., Task] | None:
         from schedule_search.tasks import tinylm
 
         return tinylm.build
+    if name == "hf_causal_lm":
+        from schedule_search.tasks import hf_causal_lm
+
+        return hf_causal_lm.build
     return None
 
 
-BUILTIN_TASKS = ("linreg", "tinylm")
+BUILTIN_TASKS = ("linreg", "tinylm", "hf_causal_lm")
 
 
 def build_task(spec: Mapping[str, Any], seed: int, source: str = "config") -> Task:
-    """Build a task from a config section: `{name: linreg|tinylm|module:factory, ...options}`."""
+    """Build a task from a config section: `{name: <built-in>|module:factory, ...}`."""
     if not isinstance(spec, Mapping) or "name" not in spec:
         raise ConfigError(f"{source}: task.name: required key is missing")
     options = {k: v for k, v in spec.items() if k != "name"}
