@@ -9,6 +9,9 @@
   machine's own matmul throughput at the model's shapes (torch.mm, one thread).
 - the EMA bank: seconds per EMA update as a share of a step (one 1-micro-batch window).
   Goal <= 3% per EMA.
+- `compile: true`: the windowed loop with the model compiled in place (`Module.compile`, as
+  train/loop.py does) against the eager one, interleaved rounds after a first pass of each;
+  the first compiled pass's extra seconds over the first eager one are the compile time.
 
 Run: `make bench` or `python bench/core.py [--rounds N]`.
 """
@@ -52,8 +55,8 @@ def bare_loop(task, batches, window: int) -> float:
     return time.perf_counter() - start
 
 
-def windowed_loop(task, batches, window: int) -> float:
-    model = task.build_model()
+def windowed_loop(task, batches, window: int, model: torch.nn.Module | None = None) -> float:
+    model = task.build_model() if model is None else model
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95))
     accumulator = WindowAccumulator(params, optimizer, WindowConfig(microbatches=window))
@@ -111,6 +114,32 @@ def ema_cost(task, batches, rounds: int) -> tuple[float, float]:
             updates.append(time.perf_counter() - stepped)
             steps.append(stepped - start)
     return statistics.median(steps), statistics.median(updates) / len(EMA_FRACTIONS)
+
+
+def compiled_vs_eager(task, batches, rounds: int) -> tuple[float, float, float]:
+    """(eager tokens/s, compiled tokens/s, compile seconds), medians over interleaved rounds,
+    each round training on from the last (one eager and one compiled model throughout). The
+    compile is cold: inductor's on-disk graph caches are off, as on a machine's first run
+    (a warm cache makes a later run's compile a fraction of this)."""
+    eager_model = task.build_model()
+    compiled_model = task.build_model()
+    compiled_model.compile()
+    eager_first = windowed_loop(task, batches, WINDOW, eager_model)
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        compiled_first = windowed_loop(task, batches, WINDOW, compiled_model)
+    eager, compiled = [], []
+    for _ in range(rounds):
+        eager.append(windowed_loop(task, batches, WINDOW, eager_model))
+        compiled.append(windowed_loop(task, batches, WINDOW, compiled_model))
+    tokens = sum(batch.tokens for batch in batches)
+    return (
+        tokens / statistics.median(eager),
+        tokens / statistics.median(compiled),
+        compiled_first - eager_first,
+    )
 
 
 def model_flops_per_token(task) -> float:
@@ -190,6 +219,12 @@ def main() -> None:
         f"step (1-micro-batch window): {per_ema_s / step_s:.2%} per EMA (goal <= 3%); the "
         f"default bank of {len(EMA_FRACTIONS)}: {len(EMA_FRACTIONS) * per_ema_s / step_s:.1%} "
         "of a step"
+    )
+    eager_tps, compiled_tps, compile_s = compiled_vs_eager(task, batches, args.rounds)
+    print(
+        f"compile: true, compiled / eager tokens/s, median of {args.rounds} rounds: "
+        f"{compiled_tps / eager_tps:.3f} ({compiled_tps:,.0f} / {eager_tps:,.0f}); "
+        f"compile time {compile_s:.1f} s (cold: first compiled pass over an eager one)"
     )
     (small_before, small), (large_before, large) = peak_rss(1), peak_rss(64)
     print(

@@ -76,6 +76,9 @@ class TrainConfig:
     #: `fsdp`: parameters, gradients and AdamW state sharded across the run's workers with
     #: FSDP2 (`core.sharding`: how windows run sharded); `replicated`: each worker holds all.
     sharding: Sharding = "replicated"
+    #: `true`: the model compiled in place with `torch.compile` (`nn.Module.compile`), so its
+    #: parameters, state_dict keys, checkpoints, EMA bank and windows are the eager run's.
+    compile: bool = False
     #: A checkpoint folder of another run to start from: its weights, optimizer, EMAs, clock
     #: and data position, under this run's own schedule and milestones (a WSD branch).
     branch_from: str | None = None

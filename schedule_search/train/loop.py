@@ -132,6 +132,8 @@ class _Run:
         if config.sharding == "fsdp":
             check_workers(config.sharding, session.world_size, source)
             model = shard_model(model)
+        if config.compile:
+            model.compile()  # in place: the same parameters and state_dict keys as eager
         params = list(model.parameters())
         token_clock = TokenClock(
             n_params=n_params,
