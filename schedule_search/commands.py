@@ -185,15 +185,22 @@ def _print_table(experiment) -> None:
     from rich.table import Table
 
     from schedule_search.core.averaging import fraction_label
-    from schedule_search.sweep.space import value_text
+    from schedule_search.store.experiment import FAMILY
+    from schedule_search.sweep.space import config_key, short_name, value_text
 
     horizon = _horizon(experiment)
     _warn_damaged(experiment)
     rows = experiment.write_table()
     best = experiment.best(horizon)
     table = Table(title=f"{experiment.root.name}: {len(rows)} trials (objective at {horizon:g}x)")
-    params = sorted({k for r in rows for k in r.params})
-    for column in ["trial", "state", "reached", "val_loss", "ema fraction", "best", *params]:
+    # One column per training config key: a family's own params share the column of their
+    # key (each trial holds its family's value), the family first.
+    by_key = {r.trial_id: {config_key(k): v for k, v in r.params.items()} for r in rows}
+    keys = sorted({k for values in by_key.values() for k in values}, key=lambda k: (k != FAMILY, k))
+    headers = [short_name(k) for k in keys]
+    if len(set(headers)) < len(headers):
+        headers = keys
+    for column in ["trial", "state", "reached", "val_loss", "ema fraction", "best", *headers]:
         table.add_column(column)
     for r in sorted(rows, key=lambda r: (r.state != State.COMPLETED, r.val_loss)):
         mark = " *" if best is not None and r.trial_id == best.trial_id else ""
@@ -204,7 +211,7 @@ def _print_table(experiment) -> None:
             f"{r.val_loss:.4f}",
             fraction_label(r.ema_fraction),
             f"{r.best_val_loss:.4f}",
-            *[value_text(r.params.get(p, "")) for p in params],
+            *[value_text(by_key[r.trial_id].get(key, "")) for key in keys],
         )
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     print(f"table: {experiment.root / 'trials.csv'}")

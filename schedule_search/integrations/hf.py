@@ -41,7 +41,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from schedule_search.core.averaging import EmaBank
 from schedule_search.core.files import atomic_write_bytes
-from schedule_search.core.optimizer import evaluation_weights
 from schedule_search.recipe import Recipe
 from schedule_search.recipe.scheduler import RecipeLRScheduler
 
@@ -98,7 +97,7 @@ class RecipeCallback(TrainerCallback):
         them after training: `with callback.evaluation_weights(model, optimizer): ...`)."""
         if self.ema is None:
             raise RuntimeError("RecipeCallback: no EMA bank before the Trainer starts training")
-        with evaluation_weights(optimizer), self.ema.swapped_in(self.recipe.ema_fraction):
+        with self.recipe.evaluation_weights(optimizer, self.ema):
             yield
 
     def on_train_begin(

@@ -7,6 +7,7 @@
     ema = recipe.ema(model)                            # EMA bank with the recipe's fraction(s)
     window = recipe.window(model)                      # accumulator with the recipe's policy
     scheduler = recipe.lr_scheduler(optimizer, tokens_per_step=...)  # a torch LRScheduler
+    with recipe.evaluation_weights(optimizer, ema): ...  # the weights the recipe is scored at
 
 A model sharded with FSDP2 (`fully_shard`) gets a sharded window and an EMA bank over its
 local shards (`core.sharding`); `recipe.spec.sharding` records which the sweep trained with.
@@ -20,7 +21,8 @@ so `load_recipe(path, n_params=...)` carries it over to another model size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,7 +35,7 @@ from schedule_search.core.averaging import EmaBank, EmaConfig
 from schedule_search.core.clock import TokenClock
 from schedule_search.core.config import STRICT, ConfigError, load_yaml, parse, to_dict
 from schedule_search.core.files import atomic_write_text
-from schedule_search.core.optimizer import OptimizerConfig
+from schedule_search.core.optimizer import OptimizerConfig, evaluation_weights
 from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.core.sharding import ShardedGradients, Sharding, is_sharded
 from schedule_search.core.window import WindowAccumulator, WindowConfig
@@ -46,7 +48,8 @@ RECIPE_FORMAT = 1
 
 @dataclass
 class RecipeSpec:
-    """The recipe file's contents. `objective` and `source` say where it came from."""
+    """The recipe file's contents. `objective` and `source` say where it came from; `family`
+    names the sweep's family the recipe is of (None in files of a space without families)."""
 
     __pydantic_config__ = STRICT
 
@@ -61,6 +64,7 @@ class RecipeSpec:
     objective: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
     sharding: Sharding = "replicated"
+    family: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.ema.objective, float):
@@ -89,6 +93,30 @@ class Recipe:
     def ema_fraction(self) -> float:
         """The EMA fraction whose loss the sweep optimized: evaluate with this one."""
         return float(self.spec.ema.objective)  # a number: `RecipeSpec` refuses `best`
+
+    @property
+    def how_to_evaluate(self) -> str:
+        """One line: which weights the recipe's loss was measured at, and how to get them."""
+        ema = (
+            "the raw weights"
+            if self.ema_fraction == 0
+            else f"the EMA of fraction {self.ema_fraction:g} swapped in"
+        )
+        if self.spec.optimizer.name == "schedulefree_adamw":
+            return (
+                "schedule-free AdamW: evaluate at its averaged weights (optimizer.eval() "
+                f"before, optimizer.train() after) with {ema}: "
+                "`with recipe.evaluation_weights(optimizer, ema):`"
+            )
+        return f"evaluate with {ema}: `with recipe.evaluation_weights(optimizer, ema):`"
+
+    @contextlib.contextmanager
+    def evaluation_weights(self, optimizer: torch.optim.Optimizer, ema: EmaBank) -> Iterator[None]:
+        """The model holds the weights the recipe was scored at inside the block: schedule-free
+        AdamW's averaged weights (its own eval/train switch; other optimizers change nothing),
+        then EMA `ema_fraction` in place. After it the training point is back bit for bit."""
+        with evaluation_weights(optimizer), ema.swapped_in(self.ema_fraction):
+            yield
 
     def clock(self, tokens: float) -> float:
         """t, in reference steps, after `tokens` tokens."""
@@ -158,4 +186,5 @@ def write_recipe(path: str | Path, spec: RecipeSpec) -> None:
     """Write a recipe atomically (a reader never sees half a file)."""
     data = to_dict(spec)
     text = "# schedule-search recipe: load with schedule_search.recipe.load_recipe\n"
+    text += f"# {Recipe(spec).how_to_evaluate}\n"
     atomic_write_text(Path(path), text + yaml.safe_dump(data, sort_keys=False))

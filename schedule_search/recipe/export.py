@@ -43,6 +43,7 @@ def export_best(
         ema=ema,
         window=config.window,
         sharding=config.sharding,
+        family=best.family,
         # The trial's own model (a space may search task.* keys), as it recorded it.
         n_params=int(last.n_params),
         tokens_per_param=config.budget.tokens_per_param,

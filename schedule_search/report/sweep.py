@@ -32,7 +32,7 @@ from schedule_search.store.experiment import Experiment, TrialRow
 from schedule_search.store.facts import read_facts
 from schedule_search.store.records import read_records
 from schedule_search.sweep.optuna_study import optuna_distributions
-from schedule_search.sweep.space import SearchSpace, value_text
+from schedule_search.sweep.space import FAMILY, SearchSpace, searched, value_text
 from schedule_search.train.evaluation import Evaluation
 
 __all__ = [
@@ -230,10 +230,10 @@ def _optuna_figures(
     study = optuna.create_study(direction="minimize")
     for trial in records.values():
         loss = next((h.val_loss for h in trial.history if h.chinchilla == multiple), math.nan)
-        if math.isfinite(loss) and set(trial.params) == set(distributions):
-            study.add_trial(
-                create_trial(value=loss, params=trial.params, distributions=distributions)
-            )
+        names = set(searched(space, trial.params.get(FAMILY)))
+        if math.isfinite(loss) and set(trial.params) == names:
+            own = {name: distributions[name] for name in names}
+            study.add_trial(create_trial(value=loss, params=trial.params, distributions=own))
     reasons: dict[str, str] = {}
     for name, draw, size in (
         ("importance.png", optuna_plots.plot_param_importances, (8, 4.5)),

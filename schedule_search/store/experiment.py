@@ -35,6 +35,7 @@ from schedule_search.core.states import State
 from schedule_search.store.records import read_records
 
 __all__ = [
+    "FAMILY",
     "FORMAT",
     "RUNS",
     "Experiment",
@@ -74,6 +75,10 @@ class SweepSettings:
         return self.workers == 1 and self.gpus_per_worker == 0 and self.address is None
 
 
+#: The param that names a trial's family in a space with families (`sweep.space`).
+FAMILY = "family"
+
+
 @dataclass
 class TrialRow:
     trial_id: str
@@ -92,6 +97,12 @@ class TrialRow:
     curve: list[tuple[int, float, float]] = field(default_factory=list)
     #: The last evaluation's loss of every member of the EMA bank, by metric name.
     bank: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str | None:
+        """The family the trial searched in (None in a space without families)."""
+        family = self.params.get(FAMILY)
+        return None if family is None else str(family)
 
 
 def train_run_name(config: dict[str, Any]) -> str:

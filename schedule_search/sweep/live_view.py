@@ -20,7 +20,7 @@ from typing import Any
 
 from schedule_search.core.states import State
 from schedule_search.store.records import METRIC
-from schedule_search.sweep.space import value_text
+from schedule_search.sweep.space import short_name, value_text
 
 __all__ = ["LiveView"]
 
@@ -44,10 +44,8 @@ def _duration(seconds: float) -> str:
 
 
 def _short(params: dict[str, Any]) -> str:
-    """`optimizer.lr=0.00312` as `lr=0.00312`: the last part of each key, 3 digits."""
-    return ", ".join(
-        f"{key.rsplit('.', 1)[-1]}={value_text(value, 3)}" for key, value in params.items()
-    )
+    """`optimizer.lr=0.00312` as `lr=0.00312` (`space.short_name`), 3 digits."""
+    return ", ".join(f"{short_name(key)}={value_text(value, 3)}" for key, value in params.items())
 
 
 class LiveView:

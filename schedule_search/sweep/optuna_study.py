@@ -12,12 +12,14 @@ import optuna
 
 from schedule_search.core.states import State
 from schedule_search.store.experiment import Experiment
-from schedule_search.sweep.space import SearchSpace
+from schedule_search.sweep.space import FAMILY, Param, SearchSpace, searched
 
 __all__ = [
     "SAMPLERS",
+    "distribution",
     "make_sampler",
     "optuna_distributions",
+    "suggest_family_trial",
     "tpe_sampler",
     "trial_state",
     "write_optuna_mirror",
@@ -51,13 +53,19 @@ def tpe_sampler(seed: int, startup_trials: int) -> optuna.samplers.TPESampler:
     Optuna's default of 10 would leave a sweep of a few trials to random search. Multivariate,
     because the searched keys interact (a faster decay tolerates a higher peak LR), which
     independent per-key densities cannot see; constant liar, so trials started together by
-    concurrent workers do not all land on the same point. Trials a scheduler stopped early are
+    concurrent workers do not all land on the same point; grouped, so that a space with families
+    (conditional params) is modelled family by family rather than on the params all trials
+    share. Trials a scheduler stopped early are
     PRUNED with their intermediate values: TPE ranks them below every completed trial, and
     among themselves by how far they got and their last loss."""
     with warnings.catch_warnings():  # both options are marked experimental, stable since 2.x
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=startup_trials, multivariate=True, constant_liar=True
+            seed=seed,
+            n_startup_trials=startup_trials,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
         )
 
 
@@ -74,23 +82,38 @@ def trial_state(row_state: State, values: list[float]) -> optuna.trial.TrialStat
 
 
 def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
-    distributions: dict[str, optuna.distributions.BaseDistribution] = {}
-    for key, p in space.params.items():
-        # `Param` has checked that a choice has values and every other type its bounds.
+    """Every searched name's distribution (of every family: `space.searched`)."""
+    return {name: distribution(p) for name, p in searched(space).items()}
+
+
+def distribution(p: Param) -> optuna.distributions.BaseDistribution:
+    # `Param` has checked that a choice has values and every other type its bounds.
+    if p.type == "choice":
+        assert p.values is not None
+        return optuna.distributions.CategoricalDistribution(p.values)
+    assert p.low is not None and p.high is not None
+    if p.type == "int":
+        return optuna.distributions.IntDistribution(int(p.low), int(p.high), log=p.log)
+    return optuna.distributions.FloatDistribution(
+        p.low, p.high, log=p.log or p.type == "loguniform"
+    )
+
+
+def suggest_family_trial(space: SearchSpace, trial: optuna.Trial) -> None:
+    """A trial of a space with families, define-by-run: its family first, then the shared
+    params and that family's own. Optuna sees each family's params only in that family's
+    trials (TPE with `group=True` models each family's group apart)."""
+    family = trial.suggest_categorical(FAMILY, list(space.families))
+    for name, p in searched(space, str(family)).items():
+        if name == FAMILY:
+            continue
         if p.type == "choice":
-            assert p.values is not None
-            distributions[key] = optuna.distributions.CategoricalDistribution(p.values)
+            trial.suggest_categorical(name, p.values)  # type: ignore[arg-type]
         elif p.type == "int":
-            assert p.low is not None and p.high is not None
-            distributions[key] = optuna.distributions.IntDistribution(
-                int(p.low), int(p.high), log=p.log
-            )
+            trial.suggest_int(name, int(p.low), int(p.high), log=p.log)  # type: ignore[arg-type]
         else:
-            assert p.low is not None and p.high is not None
-            distributions[key] = optuna.distributions.FloatDistribution(
-                p.low, p.high, log=p.log or p.type == "loguniform"
-            )
-    return distributions
+            log = p.log or p.type == "loguniform"
+            trial.suggest_float(name, p.low, p.high, log=log)  # type: ignore[arg-type]
 
 
 def write_optuna_mirror(experiment: Experiment, space: SearchSpace) -> Path:

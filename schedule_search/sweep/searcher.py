@@ -4,6 +4,7 @@ records, and ASHA on the Chinchilla multiple a trial has reached."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from optuna.trial import TrialState
 from ray import __version__ as ray_version
@@ -12,7 +13,12 @@ from ray.tune.search.optuna import OptunaSearch
 
 from schedule_search.core.states import State
 from schedule_search.store.records import METRIC
-from schedule_search.sweep.optuna_study import make_sampler, optuna_distributions, trial_state
+from schedule_search.sweep.optuna_study import (
+    make_sampler,
+    optuna_distributions,
+    suggest_family_trial,
+    trial_state,
+)
 from schedule_search.sweep.space import SearchSpace, uses_asha
 
 __all__ = ["RAY_INTERNALS", "MilestoneOptunaSearch", "scheduler", "searcher"]
@@ -79,10 +85,14 @@ class MilestoneOptunaSearch(OptunaSearch):
 
 
 def searcher(space: SearchSpace) -> OptunaSearch:
-    distributions = optuna_distributions(space)
+    """Ray's OptunaSearch over the space: its distributions, or for a space with families a
+    define-by-run function (Ray pickles it with the searcher: a module-level function bound
+    to the space)."""
     multi = len(space.objectives) > 1
     return MilestoneOptunaSearch(
-        space=distributions,
+        space=partial(suggest_family_trial, space)
+        if space.families
+        else optuna_distributions(space),
         metric=list(space.objectives) if multi else METRIC,
         mode=["min"] * len(space.objectives) if multi else "min",
         points_to_evaluate=space.points_to_evaluate or None,

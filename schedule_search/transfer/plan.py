@@ -10,7 +10,9 @@ would pick instead, each tuned the way it would be in practice.
   horizon; wsd-sqrt: decaying as 1 - sqrt to exactly 0 over the last 20% (Hagele et al. 2024).
 - schedulefree: schedule-free AdamW (Defazio et al. 2024), its LR picked at the sweep's
   horizon on a grid centred where its authors say to start (`SCHEDULE_FREE_LR`), the winner
-  continued to the largest horizon; evaluated at its averaged weights.
+  continued to the largest horizon; evaluated at its averaged weights. Where the recipe is
+  schedule-free AdamW itself, the recipe is this row (not run twice), and the AdamW references
+  below start from its LR over `SCHEDULE_FREE_LR`.
 - cosine (to 10% of peak, the paper's baseline) and linear (decay to zero, Bergsma et al.
   2025): one run per horizon per LR, on grids extended at whichever edge holds the best point
   until it is interior (`lr_grid`); the best of each is an envelope. Compute goes where it
@@ -33,6 +35,7 @@ from typing import Any
 
 from schedule_search.core.averaging import DEFAULT_FRACTIONS
 from schedule_search.core.config import parse, to_dict
+from schedule_search.core.optimizer import OptimizerConfig
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.evaluation import Evaluation
 from schedule_search.transfer.lr_grid import GridState, grid_state, rank
@@ -109,6 +112,19 @@ class TransferStudy:
         self.horizons = sorted(self.horizons)
         self.tree = to_dict(self.base)
         self.tree["branch_from"] = None
+        if self.schedule_free_recipe:
+            self.methods = [m for m in self.methods if m != "schedulefree"]
+
+    @property
+    def schedule_free_recipe(self) -> bool:
+        return self.base.optimizer.name == "schedulefree_adamw"
+
+    @property
+    def adamw_lr(self) -> float:
+        """The AdamW LR the references start from: the recipe's, or a schedule-free recipe's
+        over `SCHEDULE_FREE_LR` (its README's 1x-10x, read backwards from the middle)."""
+        lr = self.base.optimizer.lr
+        return lr / SCHEDULE_FREE_LR if self.schedule_free_recipe else lr
 
     @property
     def top(self) -> float:
@@ -120,7 +136,12 @@ class TransferStudy:
 
     # -- run configs ------------------------------------------------------------------------
     def _variant(self, **changes: Any) -> dict[str, Any]:
+        """The recipe's config with sections changed; a reference's (every run but the recipe
+        and schedule-free's) trains with AdamW at its own betas, never a schedule-free recipe's
+        optimizer."""
         run = copy.deepcopy(self.tree)
+        if self.schedule_free_recipe and "optimizer" in changes:
+            run["optimizer"] = to_dict(OptimizerConfig(lr=self.adamw_lr))
         for section, values in changes.items():
             if isinstance(values, dict) and isinstance(run.get(section), dict):
                 run[section].update(values)
@@ -152,6 +173,7 @@ class TransferStudy:
             (1 - share) * h for h in self.horizons for share, _, _ in WSD.values()
         )
         return self._variant(
+            optimizer={"lr": self.adamw_lr},
             schedule={"kind": "constant"},
             ema=self._bank(),
             budget={"horizon": self.top, "eval_at": self._milestones(self.top, branch_points)},
@@ -232,7 +254,7 @@ class TransferStudy:
         horizon before have all settled."""
         shorter = [h for h in self.horizons if h < horizon]
         if not shorter:
-            return self.base.optimizer.lr
+            return self.adamw_lr
         before = self.centre(shorter[-1], finished)
         if before is None:
             return None
@@ -254,7 +276,7 @@ class TransferStudy:
 
     def schedulefree_grid(self) -> GridSpec:
         """Schedule-free AdamW's LR is picked at the sweep's horizon, like the recipe's."""
-        centre = SCHEDULE_FREE_LR * self.base.optimizer.lr
+        centre = SCHEDULE_FREE_LR * self.adamw_lr
         return GridSpec("schedulefree", self.sweep_horizon, tuple(centre * f for f in GRID))
 
     # -- what can run now -------------------------------------------------------------------

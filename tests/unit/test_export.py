@@ -1,6 +1,7 @@
 """Choosing what to export, and bad recipe files."""
 
 import pytest
+import torch
 import yaml
 from helpers import DATA, GOOD_RECIPE
 
@@ -127,3 +128,48 @@ def test_alpha_and_warmup_are_chinchilla_multiples_rescaled_by_n_params(tmp_path
                 0.1 + 0.9 * multiple / 0.4 if multiple < 0.4 else (4 / (multiple - 0.4 + 4)) ** 0.5
             )
             assert recipe.lr_multiplier(t) == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_recipe_file_without_a_family_loads_with_none():
+    """Recipe files exported before sweeps searched families have no `family` key."""
+    recipe = load_recipe(DATA / "recipe_format1.yaml")
+    assert recipe.spec.family is None
+    assert recipe.how_to_evaluate.startswith("evaluate with the EMA of fraction 0.04")
+
+
+def test_a_schedule_free_recipe_says_how_to_evaluate_and_evaluates_at_its_average(tmp_path):
+    """A schedule-free recipe builds schedule-free AdamW, writes its evaluation in one line
+    at the top of the file, and `evaluation_weights` gives the model the optimizer's own
+    averaged weights (schedulefree's `eval()`) then the EMA; the training point comes back
+    bit for bit after."""
+    from schedulefree import AdamWScheduleFree
+
+    from schedule_search.recipe import RecipeSpec, write_recipe
+
+    spec = load_recipe(DATA / "recipe_format1.yaml").spec
+    path = tmp_path / "sf.yaml"
+    spec.optimizer.name, spec.family = "schedulefree_adamw", "schedulefree"
+    spec.ema.fractions, spec.ema.objective = [0.0], 0.0
+    write_recipe(path, RecipeSpec(**vars(spec)))
+    assert "optimizer.eval() before" in path.read_text().splitlines()[1]
+    recipe = load_recipe(path)
+    assert recipe.spec.family == "schedulefree"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = recipe.optimizer(model.parameters())
+    assert isinstance(optimizer, AdamWScheduleFree)
+    ema = recipe.ema(model)
+    for _ in range(5):
+        model(torch.randn(8, 4)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    training_point = [p.detach().clone() for p in model.parameters()]
+    optimizer.eval()  # schedulefree's own switch: the reference
+    averaged = [p.detach().clone() for p in model.parameters()]
+    optimizer.train()
+    assert not torch.equal(averaged[0], training_point[0])
+    with recipe.evaluation_weights(optimizer, ema):
+        for p, want in zip(model.parameters(), averaged, strict=True):
+            torch.testing.assert_close(p.detach(), want, rtol=0, atol=1e-7)
+    for p, want in zip(model.parameters(), training_point, strict=True):
+        assert torch.equal(p.detach(), want)

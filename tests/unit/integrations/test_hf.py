@@ -62,8 +62,8 @@ def token_rows(n: int, seed: int) -> list[dict[str, torch.Tensor]]:
 
 
 class ReferenceEma(TrainerCallback):
-    """torch's `AveragedModel` with tau = 0.5 ** ((t1 - t0) / (frac * t1)) (DESIGN's formula,
-    written out here), updated after each optimizer step; and what the model held whenever
+    """torch's `AveragedModel` with tau = 0.5 ** ((t1 - t0) / (frac * t1)) (the README's EMA
+    formula, written out here), updated after each optimizer step; and what the model held whenever
     the Trainer evaluated."""
 
     def __init__(self, model: torch.nn.Module, recipe) -> None:

@@ -3,6 +3,7 @@ and sweep flags, each one line on stderr, exit code 2, no experiment folder, no 
 
 import copy
 import json
+import math
 
 import pytest
 import yaml
@@ -207,19 +208,29 @@ PAPER_ALPHA = 51_200 / 12_500  # the paper's selected offset over its 1x Chinchi
 PAPER_WARMUP = 5_000 / 12_500
 
 
-@pytest.mark.parametrize("name", ["default", "linreg"])
-def test_shipped_anytime_spaces_search_alpha_around_the_papers(name):
+#: The shipped spaces of the anytime schedules, and the family that holds them (None: the
+#: space searches that family alone).
+ANYTIME = {"default": "anytime", "linreg": None}
+
+
+def anytime_params(space, family):
+    return space.families[family].params if family else space.params
+
+
+@pytest.mark.parametrize(("name", "family"), ANYTIME.items())
+def test_shipped_anytime_spaces_search_alpha_around_the_papers(name, family):
     """alpha on a log scale over a range holding the paper's ~4x with a decade either side,
     gamma over [0, 1], LR on a log scale, and the EMA fraction through the bank (no trials)."""
     space = load_space(f"search_spaces/{name}.yaml")
-    alpha = space.params["schedule.alpha"]
+    params = anytime_params(space, family)
+    alpha = params["schedule.alpha"]
     assert alpha.type == "loguniform"
     assert alpha.low <= PAPER_ALPHA / 10 and alpha.high >= PAPER_ALPHA * 9.5
-    gamma = space.params["schedule.gamma"]
+    gamma = params["schedule.gamma"]
     assert (gamma.low, gamma.high) == (0.0, 1.0)
-    assert space.params["optimizer.lr"].type == "loguniform"
-    assert "ema.objective" not in space.params
-    base = trial_config(space, {})
+    assert params["optimizer.lr"].type == "loguniform"
+    assert "ema.objective" not in space.params and "ema.objective" not in params
+    base = trial_config(space, {"family": family} if family else {})
     assert base.ema.objective == "best" and len([f for f in base.ema.fractions if f > 0]) >= 6
     for point in space.points_to_evaluate:
         trial_config(space, point)
@@ -227,8 +238,29 @@ def test_shipped_anytime_spaces_search_alpha_around_the_papers(name):
 
 @pytest.mark.parametrize("name", ["default", "cosine", "wsd"])
 def test_shipped_tinylm_spaces_warm_up_in_the_papers_proportion(name):
-    base = trial_config(load_space(f"search_spaces/{name}.yaml"), {})
+    family = {"family": "anytime"} if name == "default" else {}
+    base = trial_config(load_space(f"search_spaces/{name}.yaml"), family)
     assert base.schedule.warmup == pytest.approx(PAPER_WARMUP)
+
+
+def test_the_default_space_searches_schedule_free_where_its_readme_says_to():
+    """Schedule-free AdamW's README: an LR 1x-10x the schedule-based one (the anytime family's
+    range here), warmup recommended, beta 0.9 and up to 0.98; both families start from the
+    point their sources advise."""
+    space = load_space("search_spaces/default.yaml")
+    free, anytime = space.families["schedulefree"], space.families["anytime"]
+    lr, anytime_lr = free.params["optimizer.lr"], anytime.params["optimizer.lr"]
+    assert lr.type == "loguniform" and lr.low <= 7.9e-3 and lr.high >= 10 * 7.9e-3
+    assert anytime_lr.low <= lr.low and lr.high <= 10 * anytime_lr.high
+    warmup = free.params["schedule.warmup"]
+    assert warmup.low <= PAPER_WARMUP / 2 and warmup.high >= 2 * PAPER_WARMUP
+    assert free.params["optimizer.betas.0"].values == [0.9, 0.95, 0.98]
+    config = trial_config(space, {"family": "schedulefree"})
+    assert config.optimizer.name == "schedulefree_adamw" and config.schedule.kind == "constant"
+    points = {p["family"]: p for p in space.points_to_evaluate}
+    assert points["schedulefree"]["schedulefree:optimizer.lr"] == pytest.approx(
+        math.sqrt(10) * points["anytime"]["anytime:optimizer.lr"], rel=0.01
+    )
 
 
 def test_schedule_defaults_are_the_papers_proportions():

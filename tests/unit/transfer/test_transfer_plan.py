@@ -230,3 +230,24 @@ def test_the_table_scores_each_row_by_its_protocol_against_both_envelopes():
         "run": "cosine-2x-lr0.05",
         "interior": True,
     }
+
+
+def test_a_schedule_free_recipe_is_its_own_row_and_the_references_train_adamw():
+    """The recipe a sweep over families returns may be schedule-free AdamW: it is then the
+    schedule-free row (not run twice), and the constant trunk, WSD and the envelopes train
+    AdamW (its own betas) from the recipe's LR over sqrt(10), the middle of schedule-free's
+    advised 1x-10x read backwards."""
+    tree = to_dict(BASE)
+    tree["optimizer"] = {"name": "schedulefree_adamw", "lr": 0.1, "betas": [0.98, 0.95]}
+    tree["schedule"] = {"kind": "constant", "warmup": 0.2}
+    s = TransferStudy(parse(TrainConfig, tree, "test"), [1.0, 2.0], ALL, 1.0)
+    assert "schedulefree" not in s.methods
+    first = s.pending({}, no_checkpoints)
+    assert first["recipe"]["optimizer"]["name"] == "schedulefree_adamw"
+    assert not [name for name in first if name.startswith("schedulefree")]
+    adamw_lr = 0.1 / math.sqrt(10)
+    for name in ("constant", "cosine-1x-lr0.0316228", "linear-1x-lr0.0632456"):
+        optimizer = first[name]["optimizer"]
+        assert optimizer["name"] == "adamw" and tuple(optimizer["betas"]) == (0.9, 0.95)
+        assert first[name]["schedule"]["warmup"] == 0.2  # the recipe's warmup
+    assert math.isclose(first["constant"]["optimizer"]["lr"], adamw_lr)

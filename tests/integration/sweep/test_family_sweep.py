@@ -1,0 +1,73 @@
+"""A sweep over families: the shipped default space, shortened, runs real trials of both
+families under Ray Tune with Optuna, each trial trains its own family's optimizer and schedule
+with its own family's params only, and `status`, `optuna.journal` and `export` carry the
+family."""
+
+import optuna
+import pytest
+import yaml
+from helpers import REPO
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from sweeps import cli
+
+from schedule_search.recipe import load_recipe
+from schedule_search.store.experiment import Experiment
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.cost(40)]
+
+OPTIMIZER = {"anytime": "adamw", "schedulefree": "schedulefree_adamw"}
+
+
+def test_a_sweep_of_the_shipped_families(tmp_path):
+    space = yaml.safe_load((REPO / "search_spaces" / "default.yaml").read_text())
+    assert set(space["families"]) == set(OPTIMIZER)
+    # The shipped families on a short horizon: the machinery, not the search, is under test.
+    space.update(samples=4, startup_trials=2, scheduler="fifo")
+    space["base"]["budget"] = {"horizon": 0.1, "eval_at": [0.05]}
+    path = tmp_path / "default.yaml"
+    path.write_text(yaml.safe_dump(space))
+    storage = tmp_path / "runs"
+
+    done = cli("sweep", str(path), "--workers", "1", "--storage", str(storage))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    experiment = Experiment(storage / "default")
+    rows = experiment.rows()
+    assert len(rows) == 4 and all(r.state == "completed" for r in rows)
+    families = set()
+    for row in rows:
+        record = experiment.read_trial_json(row.trial_id, "config.json")
+        family, params, config = row.family, record["params"], record["config"]
+        families.add(family)
+        assert config["optimizer"]["name"] == OPTIMIZER[family]
+        owned = {key.partition(":")[0] for key in params if ":" in key}
+        assert owned == {family}, params  # no value of the other family
+        assert config["optimizer"]["lr"] == params[f"{family}:optimizer.lr"]
+        if family == "schedulefree":
+            assert config["schedule"]["kind"] == "constant"
+            assert config["optimizer"]["betas"][0] == params["schedulefree:optimizer.betas.0"]
+            assert config["schedule"]["warmup"] == params["schedulefree:schedule.warmup"]
+        else:
+            assert config["schedule"]["gamma"] == params["anytime:schedule.gamma"]
+    assert families == set(OPTIMIZER)  # the two points to evaluate, one of each
+
+    status = cli("status", "default", "--storage", str(storage))
+    assert status.returncode == 0 and "family" in status.stdout
+    assert "schedulefree" in status.stdout and "anytime" in status.stdout
+    study = optuna.load_study(
+        study_name="default",
+        storage=JournalStorage(JournalFileBackend(str(experiment.root / "optuna.journal"))),
+    )
+    assert len(study.trials) == 4
+    for trial in study.trials:
+        assert set(trial.distributions) == set(trial.params)
+        assert {k.partition(":")[0] for k in trial.params if ":" in k} == {trial.params["family"]}
+
+    output = tmp_path / "recipe.yaml"
+    exported = cli("export", "default", "--storage", str(storage), "-o", str(output))
+    assert exported.returncode == 0, exported.stderr
+    recipe = load_recipe(output)
+    best = experiment.best(0.1)
+    assert recipe.spec.family == best.family
+    assert recipe.spec.optimizer.name == OPTIMIZER[best.family]
+    assert output.read_text().splitlines()[1] == f"# {recipe.how_to_evaluate}"
