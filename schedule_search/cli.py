@@ -189,6 +189,13 @@ def _add_transfer(verbs) -> None:
         help="a comma-separated subset of recipe,constant,schedulefree,cosine,linear,wsd",
     )
     transfer.add_argument(
+        "--seeds",
+        type=_positive_int,
+        default=None,
+        help="seeds per row (default 1, or the resumed transfer's): every row but the LR "
+        "grids trained again with seeds 1..K-1, each cell a mean with a 95%% interval",
+    )
+    transfer.add_argument(
         "--workers",
         type=_positive_int,
         default=None,

@@ -228,13 +228,13 @@ def transfer(args: argparse.Namespace) -> int:
     from schedule_search.transfer.run import Unfinished, run_transfer
 
     sweep = Experiment.named(args.name, args.storage)
-    launch = plan_launch(sweep, args.to, args.methods, args.workers, args.concurrency)
+    launch = plan_launch(sweep, args.to, args.methods, args.workers, args.concurrency, args.seeds)
     check_resources(launch.settings)
     again = _again("transfer", args.name, args.storage)
     with experiment_lock(sweep.root, "transfer"):
         try:
             outcome = run_transfer(
-                sweep, launch.settings, launch.horizons, launch.methods, launch.resume
+                sweep, launch.settings, launch.horizons, launch.methods, launch.resume, launch.seeds
             )
         except TrialsFailed as err:
             print(f"transfer ended: {err}", file=sys.stderr)

@@ -11,36 +11,27 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from schedule_search.core.config import parse
 from schedule_search.core.files import atomic_write_text
-from schedule_search.report.figures import plt, save_figure
-from schedule_search.train.config import TrainConfig
+from schedule_search.report.seeds import add_seed_statistics, seeds_markdown
+from schedule_search.report.transfer_figures import plot_gaps, plot_losses, plot_lrs
 from schedule_search.transfer.plan import (
     WSD,
     History,
     TransferStudy,
-    at_horizon,
     best_of_bank,
     last_iterate,
+    loss_at,
 )
+from schedule_search.transfer.seeds import seed_of
 
-__all__ = ["run_table", "transfer_table", "write_transfer_report"]
+__all__ = ["ENVELOPE_ROW", "run_table", "transfer_table", "write_transfer_report"]
 
-
-def _value(history: History, horizon: float, score: str | float) -> float:
-    """A run's loss at `horizon`: its last iterate (`last`), its bank's best member (`ema`),
-    or the member of EMA fraction `score`."""
-    row = at_horizon(history, horizon)
-    if row is None:
-        return math.nan
-    if score == "last":
-        return last_iterate(row)
-    if score == "ema":
-        return best_of_bank(row)[0]
-    return row.loss_at(float(score))
+#: The row every gap is measured against: the best of both envelopes at the last iterate.
+ENVELOPE_ROW = "envelope (best of both, last iterate)"
 
 
 def _envelope(
@@ -73,8 +64,19 @@ def _merged(first: History, then: History, upto: float) -> History:
 Row = dict[str, Any]
 
 
-def _row(loss: dict[float, float], compute: float, note: str = "") -> Row:
-    return {"loss": loss, "compute": compute, "note": note}
+def _row(
+    loss: dict[float, float],
+    compute: float,
+    note: str = "",
+    source: Mapping[float, tuple[str | None, str | float]] | None = None,
+) -> Row:
+    """A table row; `source` names, per horizon, the seed-0 run and the score its loss came
+    from, so that other seeds read the same cell from that run's replicas (`report.seeds`)."""
+    return {"loss": loss, "compute": compute, "note": note, "source": dict(source or {})}
+
+
+def _from(study: TransferStudy, name: str | None, score: str | float) -> dict:
+    return {h: (name, score) for h in study.horizons}
 
 
 def _recipe_row(study: TransferStudy, runs: dict[str, History], sweep_history: History) -> tuple:
@@ -88,7 +90,10 @@ def _recipe_row(study: TransferStudy, runs: dict[str, History], sweep_history: H
         label = f"recipe (continued from trial {study.continued_trial} at {study.sweep_horizon:g}x)"
         note += f"; {study.sweep_horizon:g}x of compute saved by continuing"
     return label, _row(
-        {h: _value(history, h, study.recipe_fraction) for h in study.horizons}, compute, note
+        {h: loss_at(history, h, study.recipe_fraction) for h in study.horizons},
+        compute,
+        note,
+        _from(study, "recipe", study.recipe_fraction),
     )
 
 
@@ -101,26 +106,30 @@ def _method_rows(
         label, row = _recipe_row(study, runs, sweep_history)
         rows[label] = row
     if "constant" in runs:
-        loss = {h: _value(runs["constant"], h, "ema") for h in horizons}
-        rows["constant + EMA (best of bank)"] = _row(loss, study.top)
+        loss = {h: loss_at(runs["constant"], h, "ema") for h in horizons}
+        rows["constant + EMA (best of bank)"] = _row(
+            loss, study.top, source=_from(study, "constant", "ema")
+        )
     spec = study.schedulefree_grid()
     best = spec.state(runs).best_lr if "schedulefree" in study.methods else None
     if best is not None:
         history = _merged(runs[spec.run_name(best)], runs.get("schedulefree", []), spec.horizon)
         grid = [n for n in runs if spec.lr_of(n) is not None]
         rows[f"schedule-free AdamW (averaged weights, LR {best:.3g})"] = _row(
-            {h: _value(history, h, "last") for h in horizons},
+            {h: loss_at(history, h, "last") for h in horizons},
             spec.horizon * len(grid) + max(0.0, study.top - spec.horizon),
             f"LR picked at {spec.horizon:g}x from {len(grid)} runs",
+            _from(study, "schedulefree", "last"),
         )
     for prefix, (share, cooldown, floor) in WSD.items():
         names = {h: f"{prefix}-{h:g}x" for h in horizons}
         if any(n in runs for n in names.values()):
             shape = "1 - sqrt" if cooldown == "sqrt" else "linear"
             rows[f"WSD, {shape} to {floor:g} over the last {share:.0%} (last iterate)"] = _row(
-                {h: _value(runs.get(n, []), h, "last") for h, n in names.items()},
+                {h: loss_at(runs.get(n, []), h, "last") for h, n in names.items()},
                 sum(share * h for h in horizons),
                 "branches of the constant run (its compute not counted again)",
+                {h: (n, "last") for h, n in names.items()},
             )
     return rows
 
@@ -133,19 +142,27 @@ def _reference_rows(
     for kind, scores in envelopes.items():
         compute = sum(h for n in runs for h in horizons if n.startswith(f"{kind}-{h:g}x-"))
         name = "cosine" if kind == "cosine" else "linear-to-zero"
-        rows[f"{name} envelope (last iterate)"] = _row(_losses(scores["last"]), compute)
+        rows[f"{name} envelope (last iterate)"] = _row(
+            _losses(scores["last"]), compute, source=_runs(scores["last"], "last")
+        )
         best_top = scores["last"][study.top][1]
         if kind == "cosine" and best_top is not None:
-            tuned = {h: _value(runs[best_top], h, "last") for h in horizons}
+            tuned = {h: loss_at(runs[best_top], h, "last") for h in horizons}
             rows[f"cosine tuned for {study.top:g}x (last iterate)"] = _row(
-                tuned, study.top, best_top
+                tuned, study.top, best_top, _from(study, best_top, "last")
             )
     if envelopes:
-        rows["envelope (best of both, last iterate)"] = _row(
-            _best_of(envelopes, "last", horizons), 0.0, "the rows above"
+        rows[ENVELOPE_ROW] = _row(
+            _best_of(envelopes, "last", horizons),
+            0.0,
+            "the rows above",
+            _best_source(envelopes, "last", horizons),
         )
         rows["envelope with EMA (each run's best EMA)"] = _row(
-            _best_of(envelopes, "ema", horizons), 0.0, "the same runs"
+            _best_of(envelopes, "ema", horizons),
+            0.0,
+            "the same runs",
+            _best_source(envelopes, "ema", horizons),
         )
     return rows
 
@@ -154,8 +171,12 @@ def transfer_table(
     study: TransferStudy, runs: dict[str, History], sweep_history: History | None = None
 ) -> dict[str, Any]:
     """Rows of loss per horizon with their gaps to both envelopes, the compute of each row,
-    and the envelopes' runs and grid marks."""
-    horizons = study.horizons
+    and the envelopes' runs and grid marks, from the seed-0 runs; with replicas of other
+    seeds among `runs`, each row's mean over seeds and its gap to the envelope, paired by
+    seed, with their 95% intervals (`report.seeds`)."""
+    horizons, everything = study.horizons, runs
+    runs = {name: history for name, history in runs.items() if seed_of(name)[1] == 0}
+    seeds = 1 + max((seed_of(name)[1] for name in everything), default=0)
     envelopes = {
         kind: {score: _envelope(study, kind, runs, score) for score in ("last", "ema")}
         for kind in study.envelope_kinds
@@ -166,8 +187,11 @@ def transfer_table(
     for row in rows.values():
         row["gap_last"] = {h: row["loss"][h] - both_last[h] for h in horizons}
         row["gap_ema"] = {h: row["loss"][h] - both_ema[h] for h in horizons}
+    if seeds > 1 and ENVELOPE_ROW in rows:
+        add_seed_statistics(rows, everything, seeds, horizons, ENVELOPE_ROW)
     return {
         "horizons": horizons,
+        "seeds": seeds,
         "rows": {label: _keyed(row) for label, row in rows.items()},
         "envelope_runs": {
             kind: {
@@ -181,6 +205,19 @@ def transfer_table(
 
 def _losses(envelope: dict[float, tuple[float, str | None, bool]]) -> dict[float, float]:
     return {h: loss for h, (loss, _, _) in envelope.items()}
+
+
+def _runs(envelope: dict, score: str) -> dict[float, tuple[str | None, str]]:
+    return {h: (run, score) for h, (_, run, _) in envelope.items()}
+
+
+def _best_source(envelopes: dict, score: str, horizons: list[float]) -> dict:
+    """Per horizon, the run of the lowest envelope (and the score it is read with)."""
+    out: dict[float, tuple[str | None, str]] = {}
+    for h in horizons:
+        best = [e[score][h] for e in envelopes.values() if math.isfinite(e[score][h][0])]
+        out[h] = (min(best)[1] if best else None, score)
+    return out
 
 
 def _best_of(envelopes: dict, score: str, horizons: list[float]) -> dict[float, float]:
@@ -271,67 +308,11 @@ def write_transfer_report(
     atomic_write_text(
         root / "transfer.md",
         "# Transfer: validation loss per horizon, (gap to the envelope at the last iterate / "
-        "with each run's best EMA)\n\n" + _markdown(table),
+        "with each run's best EMA)\n\n"
+        + _markdown(table)
+        + ("\n" + seeds_markdown(table) if table["seeds"] > 1 else ""),
     )
-    _plot_losses(root / "loss_vs_tokens.png", study, runs, table)
-    _plot_lrs(root / "lr_curves.png", study, records)
+    plot_losses(root / "loss_vs_tokens.png", study, runs, table)
+    plot_gaps(root / "gap_vs_horizon.png", table)
+    plot_lrs(root / "lr_curves.png", study, records)
     return table
-
-
-def _plot_losses(path: Path, study: TransferStudy, runs: dict[str, History], table: dict) -> None:
-    figure, axis = plt.subplots(figsize=(8, 5))
-    tokens_at = {}
-    for history in runs.values():
-        for row in history:
-            tokens_at[row.chinchilla] = row.tokens
-    for label, row in table["rows"].items():
-        points = [
-            (tokens_at[h], row["loss"][f"{h:g}"])
-            for h in study.horizons
-            if h in tokens_at and math.isfinite(row["loss"][f"{h:g}"])
-        ]
-        if not points:
-            continue
-        style = "k*--" if label.startswith("envelope") else "o-"
-        axis.plot(*zip(*points, strict=True), style, label=label, markersize=6)
-    for name, history in runs.items():
-        if name.startswith(("cosine-", "linear-")) and history:
-            axis.plot(
-                [r.tokens for r in history],
-                [last_iterate(r) for r in history],
-                color="grey",
-                alpha=0.25,
-                linewidth=1,
-            )
-    axis.set_xscale("log")
-    axis.set_xlabel("tokens")
-    axis.set_ylabel("validation loss")
-    axis.legend(fontsize=7)
-    axis.grid(alpha=0.3)
-    save_figure(figure, path)
-
-
-def _plot_lrs(path: Path, study: TransferStudy, records: dict[str, Any]) -> None:
-    top = study.top
-    grid = [top * i / 400 for i in range(401)]
-    figure, axis = plt.subplots(figsize=(8, 4))
-    shown = {"recipe": "recipe", "constant": "constant"}
-    for name, label in shown.items():
-        if name in records:
-            parsed = parse(TrainConfig, records[name].config, label)
-            schedule = parsed.schedule.build(1.0)  # t in Chinchilla multiples
-            axis.plot(grid, [parsed.optimizer.lr * schedule(t) for t in grid], label=label)
-    for kind in study.envelope_kinds:
-        spec = study.grid(kind, top, {n: r.history for n, r in records.items()})
-        best = spec.state({n: r.history for n, r in records.items()}).best_lr if spec else None
-        if spec is not None and best is not None and spec.run_name(best) in records:
-            parsed = parse(TrainConfig, records[spec.run_name(best)].config, kind)
-            schedule = parsed.schedule.build(1.0)
-            axis.plot(
-                grid, [parsed.optimizer.lr * schedule(t) for t in grid], label=f"{kind} T={top:g}x"
-            )
-    axis.set_xlabel("Chinchilla multiple")
-    axis.set_ylabel("learning rate")
-    axis.legend()
-    axis.grid(alpha=0.3)
-    save_figure(figure, path)

@@ -25,6 +25,7 @@ class TransferLaunch:
     horizons: list[float]  # the sweep's horizon and the longer ones
     methods: list[str]
     resume: bool
+    seeds: int = 1
 
 
 def plan_launch(
@@ -33,10 +34,12 @@ def plan_launch(
     methods: list[str] | None,
     workers: int | None,
     concurrency: int | None,
+    seeds: int | None = None,
 ) -> TransferLaunch:
     """Resolve and check a transfer's launch before Ray starts: every first run's config is
     built, and a resumed transfer keeps what it was launched with unless a flag says
-    otherwise (a flag that would change its runs is a ConfigError)."""
+    otherwise (a flag that would change its runs, seeds included, is a ConfigError: a round
+    replayed on resume must plan what it ran)."""
     settings = sweep.settings()
     launched = sweep.root / "transfer" / "launch.json"
     before = json.loads(launched.read_text()) if launched.exists() else {}
@@ -52,11 +55,18 @@ def plan_launch(
     horizons = sorted({base.budget.horizon, *targets})
     methods = methods or before.get("methods") or list(METHODS)
     build_study(sweep, settings, horizons, methods)
-    launched_as = (before.get("horizons"), set(before.get("methods", [])), before.get("workers"))
-    if before and launched_as != (horizons, set(methods), settings.workers):
+    seeds = seeds or before.get("seeds", 1)
+    launched_as = (
+        before.get("horizons"),
+        set(before.get("methods", [])),
+        before.get("workers"),
+        before.get("seeds", 1),
+    )
+    if before and launched_as != (horizons, set(methods), settings.workers, seeds):
         raise ConfigError(
             f"{launched.parent}: a transfer to {','.join(f'{h:g}' for h in before['horizons'])}x "
-            f"with {','.join(before['methods'])} on {before['workers']} workers is there; this "
+            f"with {','.join(before['methods'])} on {before['workers']} workers and "
+            f"{before.get('seeds', 1)} seed(s) is there; this "
             "one would change its runs. Move that folder aside to run another"
         )
-    return TransferLaunch(settings, horizons, methods, resume=launched.exists())
+    return TransferLaunch(settings, horizons, methods, resume=launched.exists(), seeds=seeds)

@@ -4,8 +4,8 @@ The tinylm transfer study is about 500x Chinchilla of training, more than one si
 small machine; this carries it from one to the next. Kept: every record (configs, metrics,
 results, events), Tune's experiment state, and only the checkpoints still needed: the sweep
 checkpoint the recipe continues from (a resumed study reads it to know the recipe continued),
-the newest of every unfinished run, and every checkpoint of a trunk (the constant run, the
-schedule-free grid) whose branches have not all finished. Left out: window logs
+the newest of every unfinished run, and every checkpoint of a trunk (the constant run of each
+seed, the schedule-free grid) whose branches have not all finished. Left out: window logs
 (`windows.jsonl`; no table or plot reads them), every other checkpoint, and the local Ray's
 authentication token (`ray_token`, left behind by a killed sweep or transfer): a secret of a
 Ray that no longer runs, and of no use elsewhere.
@@ -23,6 +23,7 @@ import tarfile
 from pathlib import Path
 
 from schedule_search.transfer.plan import WSD
+from schedule_search.transfer.seeds import seeded
 
 __all__ = ["LEFT_OUT", "needed_checkpoints", "pack_transfer"]
 
@@ -50,10 +51,11 @@ def needed_checkpoints(root: Path) -> set[Path]:
             folders := sorted(train_dirs[name].glob(f"{CHECKPOINT_PREFIX}*"))
         ):
             keep.add(folders[-1].resolve())
-    branches = {f"{prefix}-{h:g}x" for prefix in WSD for h in launched["horizons"]}
     trunks = []
-    if not branches <= finished:
-        trunks.append("constant")
+    branches = [f"{prefix}-{h:g}x" for prefix in WSD for h in launched["horizons"]]
+    for seed in range(launched.get("seeds", 1)):  # each seed's WSD branches have a trunk
+        if not {seeded(branch, seed) for branch in branches} <= finished:
+            trunks.append(seeded("constant", seed))
     if "schedulefree" not in finished:
         trunks += [n for n in train_dirs if n.startswith("schedulefree-lr")]
     for name in trunks:

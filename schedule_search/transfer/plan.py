@@ -54,6 +54,7 @@ __all__ = [
     "best_of_bank",
     "canonical",
     "last_iterate",
+    "loss_at",
 ]
 
 METHODS = ("recipe", "constant", "schedulefree", "cosine", "linear", "wsd")
@@ -92,6 +93,19 @@ def best_of_bank(row: Evaluation) -> tuple[float, float]:
 def last_iterate(row: Evaluation) -> float:
     """The raw weights' loss (the objective where the raw weights were not evaluated)."""
     return row.losses.get(0.0, row.val_loss)
+
+
+def loss_at(history: History, horizon: float, score: str | float) -> float:
+    """A run's loss at `horizon`: its last iterate (`last`), its bank's best member (`ema`),
+    or the member of EMA fraction `score`; NaN where it did not get there."""
+    row = at_horizon(history, horizon)
+    if row is None:
+        return math.nan
+    if score == "last":
+        return last_iterate(row)
+    if score == "ema":
+        return best_of_bank(row)[0]
+    return row.loss_at(float(score))
 
 
 @dataclass

@@ -32,6 +32,7 @@ from schedule_search.sweep.live_view import LiveView
 from schedule_search.sweep.ray_env import ray_session
 from schedule_search.train.config import TrainConfig
 from schedule_search.transfer.plan import METHODS, History, TransferStudy
+from schedule_search.transfer.seeds import pending_with_seeds
 
 __all__ = [
     "METHODS",
@@ -154,8 +155,10 @@ def run_transfer(
     horizons: list[float],
     methods: list[str],
     resume: bool,
+    seeds: int = 1,
 ) -> TransferOutcome:
-    """Run (or resume) the transfer study of `sweep` to its end."""
+    """Run (or resume) the transfer study of `sweep` to its end, with `seeds` seeds of every
+    row (`transfer.seeds`)."""
     study, trial_id = build_study(sweep, settings, horizons, methods)
     root = sweep.root / "transfer"
     root.mkdir(parents=True, exist_ok=True)
@@ -170,17 +173,18 @@ def run_transfer(
                 "methods": methods,
                 "workers": settings.workers,
                 "concurrency": settings.concurrency,
+                "seeds": seeds,
             },
             indent=1,
         ),
     )
     with ray_session(settings, study.base.task, sweep.root):
-        records = _run_rounds(study, root, settings, resume)
+        records = _run_rounds(study, root, settings, resume, seeds)
     return TransferOutcome(root, study, records, read_records(sweep.trial_dir(trial_id)).history)
 
 
 def _run_rounds(
-    study: TransferStudy, root: Path, settings: SweepSettings, resume: bool
+    study: TransferStudy, root: Path, settings: SweepSettings, resume: bool, seeds: int
 ) -> dict[str, RunRecord]:
     """Every round until nothing is pending; what each run did."""
     finished: dict[str, History] = {}
@@ -198,7 +202,7 @@ def _run_rounds(
         phase = Experiment(root / f"round{number}")
         # On resume a round is replayed: what ended in it is read back, not planned again.
         ended = frozenset(_ended(phase))
-        pending = study.pending(finished, checkpoint_at, ended)
+        pending = pending_with_seeds(study, seeds, finished, checkpoint_at, ended)
         if not pending and not ended:
             break
         # Longest runs first (by what they train, a branch from where it starts): with runs in

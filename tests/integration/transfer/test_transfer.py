@@ -19,6 +19,7 @@ from schedule_search.store.experiment import Experiment
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.launch import run_local
 from schedule_search.transfer.run import continuation, run_names, transfer_base
+from schedule_search.transfer.seeds import seed_of, seeded
 
 
 @pytest.mark.slow
@@ -85,7 +86,7 @@ def test_small_transfer_on_linreg(tmp_path):
     # the table are tested in test_transfer_plan, their runs in test_train); left out here to
     # keep this short.
     transfer = [*cli, "transfer", "lt", "--to", "2", "--concurrency", "2", "--storage", storage]
-    transfer += ["--methods", "recipe,constant,cosine,wsd"]
+    transfer += ["--methods", "recipe,constant,cosine,wsd", "--seeds", "2"]
     first = Experiment(sweep.root / "transfer" / "round1")
     driver = subprocess.Popen(
         transfer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -128,16 +129,18 @@ def test_small_transfer_on_linreg(tmp_path):
         assert first.read_trial_json(trial_id, "result.json")["state"] == "completed"
 
     root = sweep.root / "transfer"
-    # Asking the finished transfer for other horizons is refused: it would change its runs.
+    # Asking the finished transfer for other horizons or seeds is refused: it would change
+    # its runs.
     methods = ["--methods", "recipe,constant,cosine,wsd"]
-    other = subprocess.run(
-        [*cli, "transfer", "lt", "--to", "4", *methods, "--storage", storage],
-        capture_output=True,
-        text=True,
-    )
-    assert other.returncode == 2 and "Move that folder aside" in other.stderr, other.stderr
-    assert len(other.stderr.strip().splitlines()) == 1
-    for name in ("loss_vs_tokens.png", "lr_curves.png"):
+    for changed in (["--to", "4", "--seeds", "2"], ["--to", "2", "--seeds", "3"]):
+        other = subprocess.run(
+            [*cli, "transfer", "lt", *changed, *methods, "--storage", storage],
+            capture_output=True,
+            text=True,
+        )
+        assert other.returncode == 2 and "Move that folder aside" in other.stderr, other.stderr
+        assert len(other.stderr.strip().splitlines()) == 1
+    for name in ("loss_vs_tokens.png", "gap_vs_horizon.png", "lr_curves.png"):
         assert (root / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = json.loads((root / "transfer.json").read_text())
     assert table["horizons"] == [1.0, 2.0]
@@ -145,6 +148,7 @@ def test_small_transfer_on_linreg(tmp_path):
     check_envelopes(table, runs)
     check_the_recipe_continued(sweep, root, table, runs)
     check_wsd_branches(runs)
+    check_seeds(table, runs)
 
 
 def read_runs(root: Path) -> dict:
@@ -174,6 +178,8 @@ def check_every_run_is_audited(root: Path, table: dict) -> dict:
 
 
 def check_envelopes(table: dict, runs: dict) -> None:
+    """Each envelope is the best of its grid (seed 0's runs: replicas measure, not choose)."""
+    runs = {name: where for name, where in runs.items() if seed_of(name)[1] == 0}
     for kind, label in (("cosine", "cosine"),):
         for h in ("1", "2"):
             finals = []
@@ -222,9 +228,10 @@ def check_the_recipe_continued(sweep: Experiment, root: Path, table: dict, runs:
 
 
 def check_wsd_branches(runs: dict) -> None:
-    phase, constant = runs["constant"]
-    checkpoints = ckpt.checkpoint_folders(phase.train_run_dir(constant))
+    """Each seed's branches start from its own trunk's checkpoint."""
     for run in [n for n in runs if n.startswith("wsd")]:
+        phase, constant = runs[seeded("constant", seed_of(run)[1])]
+        checkpoints = ckpt.checkpoint_folders(phase.train_run_dir(constant))
         branch_phase, trial_id = runs[run]
         config = parse(
             TrainConfig, branch_phase.read_trial_json(trial_id, "config.json")["config"], run
@@ -254,3 +261,31 @@ def check_wsd_branches(runs: dict) -> None:
             tokens += record["tokens"]
         decaying = [w["lr"] for w in windows if w["lr"] < config.optimizer.lr]
         assert decaying and decaying == sorted(decaying, reverse=True)
+
+
+def check_seeds(table: dict, runs: dict) -> None:
+    """`--seeds 2`: every row's run again with seed 1 (the grids once, the best LR's replica
+    at each horizon), from token 0; each cell of the table over seeds holds both seeds' losses
+    as the runs recorded them, and the gap to the envelope paired by seed."""
+    assert table["seeds"] == 2
+    replicas = {name: where for name, where in runs.items() if seed_of(name)[1] == 1}
+    best = {h: table["envelope_runs"]["cosine"]["last"][h]["run"] for h in ("1", "2")}
+    wsd = {f"{prefix}-{h}x" for prefix in ("wsd", "wsd-sqrt") for h in ("1", "2")}
+    assert {seed_of(n)[0] for n in replicas} == {"recipe", "constant", *best.values(), *wsd}
+    for name, (phase, trial) in replicas.items():
+        config = phase.read_trial_json(trial, "config.json")["config"]
+        assert config["seed"] == 1
+        if not name.startswith("wsd"):
+            assert config["branch_from"] is None
+    phase, trial = runs[seeded("recipe", 1)]
+    recorded = phase.read_trial_json(trial, "metrics.json")
+    label = next(r for r in table["rows"] if r.startswith("recipe (continued from trial"))
+    envelope = table["rows"]["envelope (best of both, last iterate)"]["seeds"]
+    for h in ("1", "2"):
+        cell = table["rows"][label]["seeds"][h]
+        seed1 = next(r for r in recorded if f"{r['chinchilla']:g}" == h)
+        assert cell["n"] == 2 and cell["losses"][1] == seed1["val_loss"]
+        assert cell["losses"][0] == table["rows"][label]["loss"][h]
+        gaps = [a - b for a, b in zip(cell["losses"], envelope[h]["losses"], strict=True)]
+        assert cell["gap"] == pytest.approx(sum(gaps) / 2)
+        assert cell["verdict"] in ("better", "worse", "within noise")

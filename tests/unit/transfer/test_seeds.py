@@ -1,0 +1,115 @@
+"""Seeds in the transfer: which replicas a study of K seeds trains and when, and the table over
+seeds (means, Student-t intervals checked against scipy's own, gaps paired seed by seed, and a
+gap worded better or worse only where its interval excludes 0)."""
+
+import math
+from pathlib import Path
+
+import pytest
+from scipy import stats
+from test_transfer_plan import ALL, BASE, history
+
+from schedule_search.report.seeds import interval, seeds_markdown, verdict
+from schedule_search.report.transfer import ENVELOPE_ROW, transfer_table
+from schedule_search.transfer.plan import TransferStudy
+from schedule_search.transfer.seeds import pending_with_seeds, seed_of, seeded
+
+
+def study(methods=ALL) -> TransferStudy:
+    return TransferStudy(BASE, [1.0, 2.0], methods, 1.0, "/sweep/checkpoint_1")
+
+
+def checkpoints(asked):
+    def checkpoint_at(run, multiple):
+        asked.append((run, round(multiple, 6)))
+        return Path(f"/ckpt/{run}/{multiple:g}")
+
+    return checkpoint_at
+
+
+def test_names_of_replicas():
+    assert seeded("cosine-8x-lr0.0079", 0) == "cosine-8x-lr0.0079"
+    assert seeded("cosine-8x-lr0.0079", 2) == "cosine-8x-lr0.0079@seed2"
+    assert seed_of("cosine-8x-lr0.0079@seed2") == ("cosine-8x-lr0.0079", 2)
+    assert seed_of("wsd-sqrt-4x") == ("wsd-sqrt-4x", 0)
+
+
+def test_replicas_start_once_their_choice_is_settled_and_train_from_token_0():
+    s = study()
+    first = pending_with_seeds(s, 3, {}, checkpoints([]))
+    for seed in (1, 2):
+        recipe = first[f"recipe@seed{seed}"]
+        assert recipe["seed"] == BASE.seed + seed and recipe["branch_from"] is None
+        assert recipe["optimizer"] == first["recipe"]["optimizer"]
+        assert first[f"constant@seed{seed}"]["seed"] == BASE.seed + seed
+    # The grids are seed 0's alone, and no grid has chosen yet: no replica of a grid run.
+    assert not [n for n in first if "@seed" in n and not n.startswith(("recipe", "constant"))]
+    assert pending_with_seeds(s, 1, {}, checkpoints([])) == s.pending({}, checkpoints([]))
+
+    # The 1x grids settle (interior bests): their best LR's replicas start, and schedule-free's.
+    finished = {name: history((1.0, 1.0)) for name in first if "@seed" not in name}
+    for name, loss in (("cosine-1x-lr0.1", 0.5), ("linear-1x-lr0.1", 0.6)):
+        finished[name] = history((1.0, loss))
+    grid = s.schedulefree_grid()
+    finished[grid.run_name(grid.start[1])] = history((1.0, 0.4))
+    finished["constant"] = history((1.0, 0.9), (2.0, 0.8))
+    finished["constant@seed1"] = history((1.0, 0.9), (2.0, 0.8))
+    asked = []
+    second = pending_with_seeds(s, 3, finished, checkpoints(asked))
+    for seed in (1, 2):
+        for name in ("cosine-1x-lr0.1", "linear-1x-lr0.1"):
+            replica = second[seeded(name, seed)]
+            assert replica["seed"] == BASE.seed + seed
+            assert replica["optimizer"]["lr"] == 0.1 and replica["budget"]["horizon"] == 1.0
+        free = second[f"schedulefree@seed{seed}"]
+        assert free["branch_from"] is None and free["budget"]["horizon"] == 2.0
+        assert free["optimizer"]["lr"] == grid.start[1]
+    # Seed 1's trunk has finished: its WSD branches start from its own checkpoints.
+    assert second["wsd-2x@seed1"]["branch_from"] == "/ckpt/constant@seed1/1.8"
+    assert second["wsd-2x@seed1"]["seed"] == BASE.seed + 1
+    assert ("constant@seed1", 1.8) in asked and "wsd-2x@seed2" not in second
+    # Nothing finished is pending again.
+    finished |= {name: history((2.0, 0.7)) for name in second}
+    assert not set(pending_with_seeds(s, 3, finished, checkpoints([]))) & set(finished)
+
+
+def test_the_interval_is_students_t_as_scipy_computes_it():
+    values = [1.10, 1.13, 1.08, 1.12]
+    mean, half, n = interval(values)
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    assert n == 4 and mean == pytest.approx(sum(values) / 4)
+    assert (mean - half, mean + half) == pytest.approx((low, high), rel=1e-12)
+    assert interval([1.0, math.nan, 1.2])[2] == 2  # a missing replica is not a zero
+    assert math.isnan(interval([1.0])[1])
+    assert verdict(-0.01, 0.004) == "better" and verdict(0.01, 0.004) == "worse"
+    assert verdict(-0.01, 0.02) == "within noise" and verdict(-0.01, math.nan) == "n/a"
+
+
+def test_the_table_over_seeds_pairs_each_gap_by_seed():
+    """The recipe is 0.01 better than the envelope on every seed although the seeds' spread
+    (0.05) is five times that: paired, the gap is -0.01 ± 0 (better); constant's gap swings
+    around 0 (within noise)."""
+    s = TransferStudy(BASE, [1.0], ["recipe", "constant", "cosine"], 1.0)
+    runs = {f"cosine-1x-lr{lr:g}": history((1.0, loss)) for lr, loss in ((0.05, 1.3), (0.2, 1.4))}
+    base = [1.00, 1.05, 0.95]  # each seed's envelope: its held-out sample sets the level
+    for seed, level in enumerate(base):
+        runs[seeded("cosine-1x-lr0.1", seed)] = history((1.0, level))
+        runs[seeded("recipe", seed)] = history((1.0, level - 0.01), key="val_loss_ema/0.04")
+        runs[seeded("constant", seed)] = history((1.0, level + (0.02, -0.03, 0.01)[seed]))
+    table = transfer_table(s, runs)
+    assert table["seeds"] == 3
+    rows = table["rows"]
+    recipe = next(row for label, row in rows.items() if label.startswith("recipe"))["seeds"]["1"]
+    assert recipe["losses"] == pytest.approx([0.99, 1.04, 0.94])
+    assert recipe["gap"] == pytest.approx(-0.01) and recipe["gap_half_width"] == pytest.approx(0)
+    assert recipe["half_width"] > 0.1 and recipe["verdict"] == "better"
+    constant = rows["constant + EMA (best of bank)"]["seeds"]["1"]
+    assert constant["verdict"] == "within noise"
+    assert rows[ENVELOPE_ROW]["seeds"]["1"]["losses"] == pytest.approx(base)
+    # The seed-0 table is what it was: replicas are not grid runs.
+    assert rows["cosine envelope (last iterate)"]["loss"]["1"] == 1.0
+    text = seeds_markdown(table)
+    assert "## Over 3 seeds" in text
+    recipe_line = next(line for line in text.splitlines() if line.startswith("| recipe"))
+    assert "(-0.0100 ± 0.0000, better)" in recipe_line
+    assert "within noise" in next(line for line in text.splitlines() if "constant" in line)
