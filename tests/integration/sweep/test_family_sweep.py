@@ -14,7 +14,7 @@ from sweeps import cli
 from schedule_search.recipe import load_recipe
 from schedule_search.store.experiment import Experiment
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.cost(40)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.cost(65)]
 
 OPTIMIZER = {"anytime": "adamw", "schedulefree": "schedulefree_adamw"}
 

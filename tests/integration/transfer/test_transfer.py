@@ -23,7 +23,7 @@ from schedule_search.transfer.seeds import seed_of, seeded
 
 
 @pytest.mark.slow
-@pytest.mark.cost(150)
+@pytest.mark.cost(180)
 @pytest.mark.timeout(600)
 def test_small_transfer_on_linreg(tmp_path):
     space = {
