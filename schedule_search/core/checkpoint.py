@@ -3,11 +3,18 @@
 A checkpoint is a folder holding `state.pt`. It is written under a temporary name and renamed
 into place, so a reader never sees half a checkpoint; a file that is truncated or corrupt all
 the same (a disk fault, a copy cut short) is detected on load and the previous one is used.
+
+A checkpoint holds tensors and plain containers only (RNG states as tensors, progress as plain
+types) and is read with `torch.load(weights_only=True)`: a run folder or a packed study from
+someone else cannot run code when it is resumed. A file holding any other pickled object is
+refused (`UnsafeCheckpoint`), never used and never skipped over for an older one: it is not a
+disk fault but a file that someone wrote.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import tempfile
 import warnings
@@ -16,11 +23,13 @@ from typing import Any
 
 import torch
 
+from schedule_search.core.config import ConfigError
 from schedule_search.core.files import as_if_created
 
 __all__ = [
     "PREFIX",
     "STATE_FILE",
+    "UnsafeCheckpoint",
     "checkpoint_folders",
     "folder_name",
     "load_latest",
@@ -31,6 +40,11 @@ __all__ = [
 
 STATE_FILE = "state.pt"
 PREFIX = "checkpoint_"
+
+
+class UnsafeCheckpoint(ConfigError):
+    """A checkpoint file holding a pickled object other than tensors and plain containers: a
+    bad input, refused in one line (the CLI's exit code 2)."""
 
 
 def save_state(folder: Path, state: dict[str, Any]) -> None:
@@ -57,7 +71,17 @@ def load_state(folder: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as handle:
             # On the CPU first: a run may resume on another device than it was saved from.
-            return torch.load(handle, map_location="cpu", weights_only=False)
+            return torch.load(handle, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        # torch's weights-only unpickler names the global it would not import: an object a
+        # writer put there. Anything else it cannot read is damage, as below.
+        refused = [line.strip().rstrip(".") for line in str(err).splitlines() if "GLOBAL" in line]
+        if not refused:
+            raise ValueError(f"unreadable checkpoint {path}: {err}") from err
+        raise UnsafeCheckpoint(
+            f"{path}: refused, it holds a pickled object that loading could run as code "
+            f"({refused[0]}); checkpoints hold tensors and plain containers only"
+        ) from None
     except (OSError, EOFError, RuntimeError, ValueError) as err:
         raise ValueError(f"unreadable checkpoint {path}: {err}") from err
     except Exception as err:  # unpickling garbage raises many kinds of errors
@@ -72,10 +96,13 @@ def checkpoint_folders(root: Path) -> list[Path]:
 
 
 def load_latest(root: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest readable checkpoint under `root`, skipping (with a warning) corrupt ones."""
+    """The newest readable checkpoint under `root`, skipping (with a warning) corrupt ones; an
+    unsafe one stops the search (`UnsafeCheckpoint`)."""
     for folder in reversed(checkpoint_folders(root)):
         try:
             return folder, load_state(folder)
+        except UnsafeCheckpoint:
+            raise
         except ValueError as err:
             warnings.warn(f"{err}; falling back to the previous checkpoint", stacklevel=2)
     return None

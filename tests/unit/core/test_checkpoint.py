@@ -47,3 +47,47 @@ def test_garbage_checkpoint_is_detected(tmp_path):
         ckpt.load_state(folder)
     with pytest.warns(UserWarning):
         assert ckpt.load_latest(tmp_path) is None
+
+
+class RunsCode:
+    """What a crafted checkpoint holds: an object whose unpickling runs a command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_every_checkpoint_a_run_writes_loads_as_tensors_and_plain_containers(tmp_path):
+    """Weights, optimizer (AdamW, schedule-free), EMA bank, window (int8 residuals), RNG and
+    progress: all of it loads with torch's weights_only unpickler."""
+    for optimizer in ("adamw", "schedulefree_adamw"):
+        run = {
+            **LINREG_RUN,
+            "optimizer": {"name": optimizer, "lr": 0.01},
+            "window": {"policy": "microbatches", "microbatches": 2, "compression": "int8"},
+        }
+        run_local(parse(TrainConfig, run, "test"), tmp_path / optimizer)
+        for folder in ckpt.checkpoint_folders(tmp_path / optimizer / "checkpoints"):
+            torch.load(folder / ckpt.STATE_FILE, weights_only=True)
+
+
+def test_a_crafted_checkpoint_is_refused_in_one_line_and_runs_nothing(tmp_path):
+    config = parse(TrainConfig, LINREG_RUN, "test")
+    run_local(config, tmp_path / "run")
+    folders = ckpt.checkpoint_folders(tmp_path / "run" / "checkpoints")
+    state = torch.load(folders[-1] / ckpt.STATE_FILE, weights_only=True)
+    marker = tmp_path / "ran"
+    torch.save({**state, "progress": RunsCode(marker)}, folders[-1] / ckpt.STATE_FILE)
+    with pytest.raises(ckpt.UnsafeCheckpoint) as refused:
+        ckpt.load_state(folders[-1])
+    message = str(refused.value)
+    assert message.startswith(str(folders[-1] / ckpt.STATE_FILE)) and "\n" not in message
+    assert "posix.system" in message
+    # Never skipped over for the one before: it is not a disk fault but a file someone wrote.
+    with pytest.raises(ckpt.UnsafeCheckpoint):
+        ckpt.load_latest(tmp_path / "run" / "checkpoints")
+    with pytest.raises(ckpt.UnsafeCheckpoint):
+        run_local(config, tmp_path / "run")  # a resume
+    assert not marker.exists()
