@@ -64,12 +64,18 @@ def add_seed_statistics(
     runs: dict[str, History],
     seeds: int,
     horizons: list[float],
-    envelope: str,
+    envelope: str | None,
 ) -> None:
-    """Give each row `seeds[h]`: every seed's loss, their mean and interval, and the gap to
-    the row `envelope` paired by seed, its interval and its verdict."""
-    reference = {h: _seed_losses(rows[envelope], runs, seeds, h) for h in horizons}
+    """Give each row with replicas (a `source`) `seeds[h]`: every seed's loss, their mean and
+    interval, and the gap to the row `envelope` paired by seed (NaN without one), its interval
+    and its verdict."""
+    missing = [math.nan] * seeds
+    reference = {
+        h: _seed_losses(rows[envelope], runs, seeds, h) if envelope else missing for h in horizons
+    }
     for row in rows.values():
+        if not row["source"]:
+            continue
         row["seeds"] = {}
         for h in horizons:
             losses = _seed_losses(row, runs, seeds, h)
@@ -96,10 +102,16 @@ def seeds_markdown(table: dict[str, Any]) -> str:
         f"## Over {seeds} seeds: mean ± 95% interval (gap to the envelope at the last "
         "iterate, paired by seed: mean ± 95% interval, verdict)",
         "",
+        "Seed 0 is the seed the grids and the sweep chose on, so its envelope is a minimum over "
+        "its grid; seeds 1 and up only measure. Rows without replicas (the envelope where each "
+        "run counts with its best EMA, whose LR may differ) are left out.",
+        "",
         "| method | " + " | ".join(f"{h}x" for h in horizons) + " |",
         "| --- | " + " | ".join("---" for _ in horizons) + " |",
     ]
     for label, row in table["rows"].items():
+        if "seeds" not in row:
+            continue
         cells = []
         for h in horizons:
             cell = row["seeds"][h]

@@ -82,7 +82,8 @@ def _from(study: TransferStudy, name: str | None, score: str | float) -> dict:
 def _recipe_row(study: TransferStudy, runs: dict[str, History], sweep_history: History) -> tuple:
     """The recipe, scored with its own EMA fraction; before the continuation its history is
     the sweep trial's."""
-    history, compute, label = runs["recipe"], study.top, "recipe (anytime + EMA)"
+    family = "schedule-free AdamW + EMA" if study.schedule_free_recipe else "anytime + EMA"
+    history, compute, label = runs["recipe"], study.top, f"recipe ({family})"
     note = f"EMA fraction {study.recipe_fraction:g}"
     if study.continue_from is not None and sweep_history:
         history = _merged(sweep_history, history, study.sweep_horizon)
@@ -156,13 +157,12 @@ def _reference_rows(
             _best_of(envelopes, "last", horizons),
             0.0,
             "the rows above",
-            _best_source(envelopes, "last", horizons),
+            _best_source(envelopes, horizons),
         )
         rows["envelope with EMA (each run's best EMA)"] = _row(
             _best_of(envelopes, "ema", horizons),
             0.0,
             "the same runs",
-            _best_source(envelopes, "ema", horizons),
         )
     return rows
 
@@ -187,8 +187,9 @@ def transfer_table(
     for row in rows.values():
         row["gap_last"] = {h: row["loss"][h] - both_last[h] for h in horizons}
         row["gap_ema"] = {h: row["loss"][h] - both_ema[h] for h in horizons}
-    if seeds > 1 and ENVELOPE_ROW in rows:
-        add_seed_statistics(rows, everything, seeds, horizons, ENVELOPE_ROW)
+    if seeds > 1:
+        envelope = ENVELOPE_ROW if ENVELOPE_ROW in rows else None
+        add_seed_statistics(rows, everything, seeds, horizons, envelope)
     return {
         "horizons": horizons,
         "seeds": seeds,
@@ -211,12 +212,12 @@ def _runs(envelope: dict, score: str) -> dict[float, tuple[str | None, str]]:
     return {h: (run, score) for h, (_, run, _) in envelope.items()}
 
 
-def _best_source(envelopes: dict, score: str, horizons: list[float]) -> dict:
-    """Per horizon, the run of the lowest envelope (and the score it is read with)."""
+def _best_source(envelopes: dict, horizons: list[float]) -> dict:
+    """Per horizon, the run of the lowest envelope at the last iterate."""
     out: dict[float, tuple[str | None, str]] = {}
     for h in horizons:
-        best = [e[score][h] for e in envelopes.values() if math.isfinite(e[score][h][0])]
-        out[h] = (min(best)[1] if best else None, score)
+        best = [e["last"][h] for e in envelopes.values() if math.isfinite(e["last"][h][0])]
+        out[h] = (min(best)[1] if best else None, "last")
     return out
 
 
@@ -312,7 +313,8 @@ def write_transfer_report(
         + _markdown(table)
         + ("\n" + seeds_markdown(table) if table["seeds"] > 1 else ""),
     )
-    plot_losses(root / "loss_vs_tokens.png", study, runs, table)
+    seed_0 = {name: history for name, history in runs.items() if seed_of(name)[1] == 0}
+    plot_losses(root / "loss_vs_tokens.png", study, seed_0, table)
     plot_gaps(root / "gap_vs_horizon.png", table)
     plot_lrs(root / "lr_curves.png", study, records)
     return table

@@ -26,6 +26,8 @@ def plot_gaps(path: Path, table: dict[str, Any]) -> None:
         if label.startswith(("envelope", "cosine envelope", "linear-to-zero envelope")):
             continue
         if table["seeds"] > 1:
+            if "seeds" not in row:
+                continue
             gaps = [row["seeds"][h]["gap"] for h in horizons]
             errors = [row["seeds"][h]["gap_half_width"] for h in horizons]
         else:

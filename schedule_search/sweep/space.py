@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -54,6 +55,7 @@ from schedule_search.core.config import (
     PLAIN_NAME,
     STRICT,
     ConfigError,
+    InputWarning,
     is_plain_name,
     load_yaml,
     parse,
@@ -126,6 +128,19 @@ class SearchSpace:
                 )
         if FAMILY in self.params:
             raise ValueError(f"params.{FAMILY}: the family is searched by `families`, not params")
+        for family, owned in self.families.items():
+            fixed = sorted(set(owned.base) & {*UNSEARCHABLE, "task"})
+            if fixed:
+                raise ValueError(
+                    f"families.{family}.base.{fixed[0]}: the same for every trial; set it in "
+                    "the space's base"
+                )
+            shared = sorted(set(owned.params) & set(self.params))
+            if shared:
+                raise ValueError(
+                    f"families.{family}.params.{shared[0]}: searched in params already (a key "
+                    "is either shared by every family or a family's own)"
+                )
         if not self.objectives or self.objectives[0] != "val_loss":
             raise ValueError(f"objectives: must start with val_loss, got {self.objectives}")
         if len(set(self.objectives)) != len(self.objectives):
@@ -213,6 +228,13 @@ def load_space(path: str | Path, check_task: bool = True) -> SearchSpace:
     space = parse(SearchSpace, load_yaml(path), source)
     if not space.params and not space.families:
         raise ConfigError(f"{source}: params: nothing to search; give at least one key")
+    if space.families and space.sampler == "gp":
+        warnings.warn(
+            f"{source}: sampler: gp does not model a space whose params depend on the family "
+            "(Optuna's GPSampler samples each family's own params at random); tpe does",
+            InputWarning,
+            stacklevel=2,
+        )
     built: list[Any] = []
     for family in _each_family(space):
         fixed = {FAMILY: family} if family else {}

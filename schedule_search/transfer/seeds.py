@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from schedule_search.core.config import parse
+from schedule_search.train.config import TrainConfig
 from schedule_search.transfer.plan import WSD, CheckpointAt, History, TransferStudy
 
 __all__ = ["SEED_MARK", "pending_with_seeds", "seed_of", "seeded"]
@@ -88,4 +90,6 @@ def pending_with_seeds(
                     if (name := seeded(f"{prefix}-{h:g}x", seed)) not in done:
                         branch = study.wsd(prefix, h, checkpoint_at(trunk, (1 - share) * h))
                         runs[name] = _with_seed(branch, study, seed)
+    for name, config in runs.items():  # validated here, not inside a trial
+        parse(TrainConfig, config, f"transfer run {name}")
     return {name: config for name, config in runs.items() if name not in done}

@@ -127,6 +127,20 @@ def broken(path: str, value):
         ),
         (broken("families/anytime/base", {"optimizer": {"name": "lion"}}), "(in family anytime)"),
         (broken("params/family", {"type": "choice", "values": ["a"]}), "params.family"),
+        (
+            broken("families/anytime/base/budget", {"horizon": 8.0}),
+            "families.anytime.base.budget: the same for every trial",
+        ),
+        (
+            broken("families/anytime/base/task", {"name": "linreg", "dim": 8}),
+            "families.anytime.base.task: the same for every trial",
+        ),
+        (
+            broken(
+                "families/anytime/params/window.microbatches", {"type": "int", "low": 1, "high": 2}
+            ),
+            "families.anytime.params.window.microbatches: searched in params already",
+        ),
     ],
 )
 def test_a_bad_family_space_is_one_line_naming_the_key(tmp_path, space, message):
@@ -151,9 +165,17 @@ def test_the_sampler_sees_each_familys_params_in_its_trials_only(tmp_path):
         study.tell(trial, loss)
     families = {t.params["family"] for t in study.trials}
     assert families == {"anytime", "schedulefree"}
-    for t in study.trials:
-        distributions = t.distributions
-        assert set(distributions) == set(t.params)
+    # Past its start-up, grouped TPE models each family's own params (multivariate TPE
+    # without groups would model only the params every trial shares: family, microbatches).
+    modelled = study.sampler.infer_relative_search_space(study, study.ask())
+    assert {"anytime:optimizer.lr", "schedulefree:optimizer.lr", "family"} <= set(modelled)
+
+
+def test_gp_with_families_says_it_samples_their_params_at_random(tmp_path):
+    from schedule_search.core.config import InputWarning
+
+    with pytest.warns(InputWarning, match="sampler: gp does not model"):
+        load_space(write(tmp_path, {**SPACE, "sampler": "gp"}))
 
 
 def test_rays_searcher_suggests_the_point_then_conditional_trials(tmp_path):

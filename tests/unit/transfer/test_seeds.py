@@ -108,8 +108,36 @@ def test_the_table_over_seeds_pairs_each_gap_by_seed():
     assert rows[ENVELOPE_ROW]["seeds"]["1"]["losses"] == pytest.approx(base)
     # The seed-0 table is what it was: replicas are not grid runs.
     assert rows["cosine envelope (last iterate)"]["loss"]["1"] == 1.0
+    # The envelope with each run's best EMA may pick another LR, which has no replicas: it has
+    # no cells over seeds.
+    assert "seeds" not in rows["envelope with EMA (each run's best EMA)"]
     text = seeds_markdown(table)
     assert "## Over 3 seeds" in text
     recipe_line = next(line for line in text.splitlines() if line.startswith("| recipe"))
     assert "(-0.0100 ± 0.0000, better)" in recipe_line
     assert "within noise" in next(line for line in text.splitlines() if "constant" in line)
+
+
+def test_seeds_without_an_envelope_still_give_means_and_no_verdict():
+    """`--methods recipe,constant --seeds 2`: no envelope to pair with, so each row has its mean
+    and interval, its gap NaN and no verdict; the table and its markdown are written."""
+    s = TransferStudy(BASE, [1.0], ["recipe", "constant"], 1.0)
+    runs = {}
+    for seed, level in enumerate((1.0, 1.1)):
+        runs[seeded("recipe", seed)] = history((1.0, level), key="val_loss_ema/0.04")
+        runs[seeded("constant", seed)] = history((1.0, level + 0.01))
+    table = transfer_table(s, runs)
+    cell = table["rows"]["constant + EMA (best of bank)"]["seeds"]["1"]
+    assert cell["mean"] == pytest.approx(1.06) and cell["n"] == 2
+    assert math.isnan(cell["gap"]) and cell["verdict"] == "n/a"
+    assert "## Over 2 seeds" in seeds_markdown(table)
+
+
+def test_a_replayed_round_plans_its_replicas_again_and_runs_none_that_ended():
+    """On resume a round is replayed from what finished before it: the replicas it planned are
+    planned again, and those that ended in it are not pending."""
+    s = study(["recipe", "constant"])
+    first = pending_with_seeds(s, 2, {}, checkpoints([]))
+    assert {"recipe@seed1", "constant@seed1"} <= set(first)
+    replay = pending_with_seeds(s, 2, {}, checkpoints([]), frozenset({"recipe@seed1"}))
+    assert "recipe@seed1" not in replay and replay["constant@seed1"] == first["constant@seed1"]
