@@ -2,7 +2,8 @@
 hold, their compute, and how long each round takes on parallel slots (longest first, as the
 runner starts them), without training anything.
 
-`TransferStudy.pending` is asked round by round and every run it asks for is answered with the
+`transfer.seeds.pending_with_seeds` (the runner's own planning, replicas of every seed
+included) is asked round by round and every run it asks for is answered with the
 losses that run recorded (`transfer.json` keeps every run's loss at every horizon), so a
 planning rule (where grids are centred, when they extend) is judged on real losses. A run the
 recording lacks is listed as unrecorded and counted; nothing that depends on it is planned.
@@ -25,6 +26,7 @@ from schedule_search.core.config import parse
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.evaluation import Evaluation
 from schedule_search.transfer.plan import History, TransferStudy
+from schedule_search.transfer.seeds import pending_with_seeds, seed_of, seeded
 
 
 def history(losses: dict[str, dict[str, float]]) -> History:
@@ -40,14 +42,17 @@ def history(losses: dict[str, dict[str, float]]) -> History:
     return out
 
 
-def recorded_study(folder: Path) -> tuple[TransferStudy, dict[str, History]]:
-    """The study a results folder was planned as (the recipe's LR and schedule, its horizons
-    and methods), and every run's recorded evaluations."""
+def recorded_study(folder: Path) -> tuple[TransferStudy, int, dict[str, History]]:
+    """The study a results folder was planned as (the recipe's optimizer, LR and schedule, its
+    horizons and methods), its seeds, and every run's recorded evaluations."""
     launched = json.loads((folder / "launch.json").read_text())
     runs = json.loads((folder / "transfer.json").read_text())["runs"]
     recipe = runs["recipe"]
     sweep_horizon = next(h for h in launched["horizons"] if h not in launched["to"])
-    base = {"optimizer": {"lr": recipe["lr"]}, "schedule": recipe["schedule"]}
+    base = {
+        "optimizer": {"name": recipe["optimizer"] or "adamw", "lr": recipe["lr"]},
+        "schedule": recipe["schedule"],
+    }
     base["budget"] = {"horizon": sweep_horizon, "eval_at": []}
     study = TransferStudy(
         parse(TrainConfig, base, str(folder / "transfer.json")),
@@ -56,7 +61,8 @@ def recorded_study(folder: Path) -> tuple[TransferStudy, dict[str, History]]:
         sweep_horizon,
         continue_from=launched.get("continued_from"),
     )
-    return study, {name: history(run["losses"]) for name, run in runs.items()}
+    recorded = {name: history(run["losses"]) for name, run in runs.items()}
+    return study, launched.get("seeds", 1), recorded
 
 
 def longest_slot(lengths: list[float], slots: int) -> float:
@@ -68,7 +74,14 @@ def longest_slot(lengths: list[float], slots: int) -> float:
 
 
 def family(name: str) -> str:
+    """The row a run's compute counts to (a seed's replica to its seed-0 run's row)."""
+    name = seed_of(name)[0]
     return name.split("-", 1)[0] if not name.startswith("wsd-sqrt") else "wsd-sqrt"
+
+
+def _replica_names(seeds: int, recorded: dict[str, History]) -> set[str]:
+    """Every replica name a study of `seeds` seeds could plan over the recorded runs."""
+    return {seeded(seed_of(name)[0], seed) for name in recorded for seed in range(1, seeds)}
 
 
 def main() -> None:
@@ -79,8 +92,21 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=2, help="runs at once")
     parser.add_argument("--tokens-per-s", type=float, help="one slot's training rate")
     parser.add_argument("--params", type=int, help="the model's Chinchilla parameter count")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help="plan this many seeds instead of the recorded study's (a replica the recording "
+        "lacks is answered with its seed-0 run's losses: an estimate of a seeded rerun's cost)",
+    )
     args = parser.parse_args()
-    study, recorded = recorded_study(args.folder)
+    study, seeds, recorded = recorded_study(args.folder)
+    if args.seeds:
+        seeds = args.seeds
+        recorded |= {
+            name: recorded[seed_of(name)[0]]
+            for name in _replica_names(seeds, recorded)
+            if name not in recorded and seed_of(name)[0] in recorded
+        }
     finished: dict[str, History] = {}
     unrecorded: set[str] = set()
     compute: dict[str, float] = defaultdict(float)
@@ -90,7 +116,7 @@ def main() -> None:
         return Path(f"{run}@{multiple:g}x")  # the replay trains nothing
 
     for number in range(1, 100):
-        pending = study.pending(finished, nowhere, frozenset(unrecorded))
+        pending = pending_with_seeds(study, seeds, finished, nowhere, frozenset(unrecorded))
         if not pending:
             break
         lengths = {name: study.length(config) for name, config in pending.items()}
