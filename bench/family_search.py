@@ -6,7 +6,9 @@ it finishes and skipped on a rerun): every point of a grid over both families, t
 sweep's 4x on the default task by the core trainer (one process of one thread each, 2 at once;
 2 micro-batches a window, the tokens per step of a sweep trial's 2 workers x 1 micro-batch),
 its objective (the best member of its EMA bank) recorded at 0.5x, 1x, 2x and 4x in
-`bench/results/family-search/grid.jsonl`. The grid holds the spaces' seeded points: the anytime
+`bench/results/family-search/grid.jsonl`, each row stamped with its CPU model (a table begun
+on another CPU is refused: kernels differ enough to move a 4x loss). The grid holds the
+spaces' seeded points: the anytime
 LRs are 3e-3 x 2^k, schedule-free's 9.5e-3 x 2^k, inside each family's searched range.
 
 Phase 2, `--study` (minutes, no training): for each setting (sampler, start-up trials,
@@ -96,16 +98,25 @@ def _key(point: dict) -> str:
     return json.dumps(point, sort_keys=True)
 
 
+def cpu() -> str:
+    """This machine's CPU model: the same config and seed lands 0.003-0.02 nats apart on
+    different CPUs' kernels by 16x (BENCHMARKS), so one table holds one CPU's points."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def train_point(space: SearchSpace, point: dict) -> dict:
     """A grid point trained as the sweep's trial of it would be (the space's 4x budget and its
-    milestones): its objective at each milestone."""
+    milestones): its objective at each milestone, and the CPU it was trained on."""
     torch.set_num_threads(1)
     config = trial_config(space, point, "grid")
     assert config.budget.horizon == HORIZON and (*config.budget.eval_at, HORIZON) == MILESTONES
     with tempfile.TemporaryDirectory() as folder:
         result = train(config, _PruningSession(Path(folder), None), "grid")
     losses = {f"{row['chinchilla']:g}": row["val_loss"] for row in result.history}
-    return {"point": point, "losses": losses}
+    return {"point": point, "losses": losses, "cpu": cpu()}
 
 
 def run_grid(jobs: int) -> None:
@@ -175,6 +186,8 @@ def run_study(seeds: int) -> None:
     rows = [json.loads(line) for line in TABLE.read_text().splitlines()]
     table = {_key(r["point"]): r["losses"] for r in rows}
     missing = [p for p in grid_points() if _key(p) not in table]
+    if len({r["cpu"] for r in rows}) > 1:
+        raise SystemExit(f"{TABLE}: points of several CPUs; one table holds one CPU's points")
     if missing:
         raise SystemExit(f"{TABLE}: {len(missing)} grid points not trained; run --grid first")
     best_row = min(rows, key=lambda r: r["losses"]["4"])

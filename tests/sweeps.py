@@ -52,6 +52,26 @@ def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     )
 
 
+#: The shipped search spaces.
+SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
+
+
+def sweep_shipped_space(tmp_path: Path, name: str, samples: int) -> tuple[dict, Experiment]:
+    """Sweep the shipped space `name` on one worker, shortened to `samples` trials at 0.1x
+    (FIFO): the machinery, not the search, is under test. Returns the space as shipped and
+    the experiment the sweep wrote."""
+    shipped = yaml.safe_load((SPACES / f"{name}.yaml").read_text())
+    space = json.loads(json.dumps(shipped))
+    space.update(samples=samples, startup_trials=samples // 2, scheduler="fifo")
+    space["base"]["budget"] = {"horizon": 0.1, "eval_at": [0.05]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(space))
+    storage = tmp_path / "runs"
+    done = cli("sweep", str(path), "--workers", "1", "--storage", str(storage))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return shipped, Experiment(storage / space["name"])
+
+
 def write_space(tmp_path: Path, **changes) -> Path:
     space = json.loads(json.dumps(SPACE))
     space.update(changes)

@@ -5,14 +5,11 @@ family."""
 
 import optuna
 import pytest
-import yaml
-from helpers import REPO
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
-from sweeps import cli
+from sweeps import cli, sweep_shipped_space
 
 from schedule_search.recipe import load_recipe
-from schedule_search.store.experiment import Experiment
 from schedule_search.sweep.optuna_study import distribution
 from schedule_search.sweep.space import load_space, searched
 
@@ -22,18 +19,9 @@ OPTIMIZER = {"anytime": "adamw", "schedulefree": "schedulefree_adamw"}
 
 
 def test_a_sweep_of_the_shipped_families(tmp_path):
-    space = yaml.safe_load((REPO / "search_spaces" / "default.yaml").read_text())
+    space, experiment = sweep_shipped_space(tmp_path, "default", samples=4)
     assert set(space["families"]) == set(OPTIMIZER)
-    # The shipped families on a short horizon: the machinery, not the search, is under test.
-    space.update(samples=4, startup_trials=2, scheduler="fifo")
-    space["base"]["budget"] = {"horizon": 0.1, "eval_at": [0.05]}
-    path = tmp_path / "default.yaml"
-    path.write_text(yaml.safe_dump(space))
-    storage = tmp_path / "runs"
-
-    done = cli("sweep", str(path), "--workers", "1", "--storage", str(storage))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    experiment = Experiment(storage / "default")
+    storage, path = experiment.root.parent, tmp_path / "default.yaml"
     rows = experiment.rows()
     assert len(rows) == 4 and all(r.state == "completed" for r in rows)
     families = set()

@@ -2,29 +2,17 @@
 trials of a transformers Llama under Ray Tune and Ray Train and exports a recipe."""
 
 import pytest
-import yaml
-from helpers import REPO
-from sweeps import cli
+from sweeps import cli, sweep_shipped_space
 
 from schedule_search.recipe import load_recipe
-from schedule_search.store.experiment import Experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.cost(30)]
 
 
 def test_a_two_trial_sweep_of_the_shipped_llama_space(tmp_path):
-    space = yaml.safe_load((REPO / "search_spaces" / "hf_llama.yaml").read_text())
+    space, experiment = sweep_shipped_space(tmp_path, "hf_llama", samples=2)
     assert space["base"]["task"]["name"] == "hf_causal_lm"
-    # The shipped model, on a short horizon: the machinery, not the search, is under test.
-    space.update(samples=2, startup_trials=1, scheduler="fifo")
-    space["base"]["budget"] = {"horizon": 0.1, "eval_at": [0.05]}
-    path = tmp_path / "hf_llama.yaml"
-    path.write_text(yaml.safe_dump(space))
-    storage = tmp_path / "runs"
-
-    done = cli("sweep", str(path), "--workers", "1", "--storage", str(storage))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    experiment = Experiment(storage / "hf_llama")
+    storage = experiment.root.parent
     trials = experiment.trial_ids()
     assert len(trials) == 2
     for trial in trials:
