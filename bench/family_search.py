@@ -39,6 +39,7 @@ import optuna
 import torch
 from search import _PruningSession
 
+from schedule_search.core.config import to_dict
 from schedule_search.sweep.optuna_study import make_sampler, suggest_family_trial
 from schedule_search.sweep.space import FAMILY, SearchSpace, load_space, searched, trial_config
 from schedule_search.train.loop import train
@@ -119,20 +120,38 @@ def train_point(space: SearchSpace, point: dict) -> dict:
     return {"point": point, "losses": losses, "cpu": cpu()}
 
 
+def _trained_as(space: SearchSpace, point: dict) -> str:
+    """The training a point stands for: its config, with alpha left out where gamma is 0
+    (the multiplier (alpha / (t - W + alpha)) ** 0 is 1 whatever alpha is), so points that
+    train alike are trained once."""
+    config = to_dict(trial_config(space, point, "grid"))
+    if config["schedule"]["kind"] == "poly" and config["schedule"]["gamma"] == 0:
+        config["schedule"]["alpha"] = None
+    return json.dumps(config, sort_keys=True)
+
+
 def run_grid(jobs: int) -> None:
     space = load_space(REPO / "search_spaces" / "default.yaml")
     TABLE.parent.mkdir(parents=True, exist_ok=True)
-    done = (
-        {_key(json.loads(line)["point"]) for line in TABLE.read_text().splitlines()}
-        if (TABLE.exists())
-        else set()
-    )
-    todo = [p for p in grid_points() if _key(p) not in done]
-    print(f"{len(done)} grid points in {TABLE}, {len(todo)} to train", flush=True)
+    rows = [json.loads(line) for line in TABLE.read_text().splitlines()] if TABLE.exists() else []
+    others = {r["cpu"] for r in rows} - {cpu()}
+    if others:
+        raise SystemExit(f"{TABLE} was trained on {others.pop()}, this is {cpu()}: move it aside")
+    done = {_key(r["point"]) for r in rows}
+    known = {_trained_as(space, r["point"]): r for r in rows}
+    todo: dict[str, list[dict]] = {}
+    for point in grid_points():
+        if _key(point) not in done:
+            todo.setdefault(_trained_as(space, point), []).append(point)
+    print(f"{len(done)} grid points in {TABLE}, {len(todo)} trainings to go", flush=True)
+    ready = {k: v for k, v in todo.items() if k in known}  # trained already, under another name
+    fresh = [k for k in todo if k not in known]
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-        for row in pool.map(train_point, [space] * len(todo), todo):
+        trained = pool.map(train_point, [space] * len(fresh), [todo[k][0] for k in fresh])
+        for key, row in [*((k, known[k]) for k in ready), *zip(fresh, trained, strict=True)]:
             with TABLE.open("a") as out:
-                out.write(json.dumps(row) + "\n")
+                for point in todo[key]:
+                    out.write(json.dumps({**row, "point": point}) + "\n")
             print(json.dumps(row), flush=True)
 
 
