@@ -26,6 +26,7 @@ Run: `python bench/family_search.py --grid`, then `python bench/family_search.py
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -148,7 +149,9 @@ def run_grid(jobs: int) -> None:
     fresh = [k for k in todo if k not in known]
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
         trained = pool.map(train_point, [space] * len(fresh), [todo[k][0] for k in fresh])
-        for key, row in [*((k, known[k]) for k in ready), *zip(fresh, trained, strict=True)]:
+        # Lazily: each row is appended as its training ends (map yields in order).
+        every = itertools.chain(((k, known[k]) for k in ready), zip(fresh, trained, strict=True))
+        for key, row in every:
             with TABLE.open("a") as out:
                 for point in todo[key]:
                     out.write(json.dumps({**row, "point": point}) + "\n")
