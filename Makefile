@@ -53,8 +53,9 @@ report: install
 	$(CLI) report $(NAME)
 
 # Every figure of BENCHMARKS.md but the transfer study (`make transfer`: hours on 2 cores), the
-# sweep's answer (`bench/sweep_answer.py`, 26 min) and the tinylm search
-# (`bench/search.py --task tinylm`, 22 min).
+# sweep's answer (`bench/sweep_answer.py`, 26 min), the tinylm search
+# (`bench/search.py --task tinylm`, 22 min) and the search over families
+# (`bench/family_search.py --grid`, about 2 h, then `--study`).
 bench: install
 	$(PY) bench/core.py
 	$(PY) bench/windows.py
