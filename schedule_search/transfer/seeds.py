@@ -41,7 +41,7 @@ def _with_seed(config: dict[str, Any], study: TransferStudy, seed: int) -> dict[
     return run
 
 
-def _choices(study: TransferStudy, finished: dict[str, History]) -> dict[str, dict[str, Any]]:
+def _settled_runs(study: TransferStudy, finished: dict[str, History]) -> dict[str, dict[str, Any]]:
     """Seed-0 run name -> the config its replicas train, for every row whose choice is settled:
     the recipe and the trunk at once, schedule-free once its grid has picked an LR (trained
     from token 0 to the largest horizon), each envelope grid's last-iterate best once the grid
@@ -79,9 +79,9 @@ def pending_with_seeds(
     if seeds <= 1:
         return runs
     done = finished.keys() | ended
-    choices = _choices(study, finished)
+    settled = _settled_runs(study, finished)
     for seed in range(1, seeds):
-        for name, config in choices.items():
+        for name, config in settled.items():
             runs[seeded(name, seed)] = _with_seed(config, study, seed)
         trunk = seeded("constant", seed)
         if "wsd" in study.methods and trunk in finished:
