@@ -26,22 +26,18 @@ branches read it unchanged.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from schedule_search.core.reduction import broadcast_parameters
 from schedule_search.core.window import WindowConfig
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = [
     "ShardedGradients",
@@ -49,6 +45,7 @@ __all__ = [
     "check_window",
     "full_ema_state",
     "full_state",
+    "full_tensor",
     "is_sharded",
     "load_full_state",
     "local_ema_state",
@@ -60,12 +57,29 @@ __all__ = [
 Sharding = Literal["replicated", "fsdp"]
 
 
+def _loaded(module: str, name: str) -> type | None:
+    """Class `name` of `module` if that module was imported, else None.
+
+    FSDP and DTensor (with torch.distributed.checkpoint) cost about 0.6 s to import on 2 cores,
+    in every process that imports the trainer: every Ray Train worker, trial and CLI call. A
+    replicated run never needs them, and nothing can be an instance of a class whose module
+    was never loaded, so the checks below ask without importing; what shards imports."""
+    loaded = sys.modules.get(module)
+    return getattr(loaded, name, None) if loaded is not None else None
+
+
 def is_sharded(model: torch.nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    fsdp_module = _loaded("torch.distributed.fsdp", "FSDPModule")
+    return fsdp_module is not None and isinstance(model, fsdp_module)
+
+
+def _is_dtensor(value: Any) -> bool:
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")
+    return dtensor is not None and isinstance(value, dtensor)
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+    return [cast("FSDPModule", m) for m in model.modules() if is_sharded(m)]
 
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -73,6 +87,9 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     are on: every member of a ModuleList (a transformer's blocks; nested lists innermost
     first) is its own FSDP unit, the root holds the rest (embeddings, a tied head). Every rank
     starts from rank 0's weights, as replicated."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
     broadcast_parameters(list(model.parameters()))
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -98,7 +115,12 @@ def reshard(model: torch.nn.Module) -> None:
 def local_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Each tensor's local shard (a view of the storage FSDP gathers from and AdamW steps);
     an unsharded tensor (a buffer) is itself."""
-    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return [t.to_local() if _is_dtensor(t) else t for t in tensors]
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full tensor (a collective: every rank gathers it); any other tensor itself."""
+    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
 
 
 def check_window(config: WindowConfig) -> None:
@@ -124,10 +146,10 @@ class ShardedGradients:
     refused with a ValueError on that rank (its peers then wait for the group's timeout)."""
 
     def __init__(self, model: torch.nn.Module, params: Sequence[torch.Tensor], hold: bool) -> None:
-        if not isinstance(model, FSDPModule):
+        if not is_sharded(model):
             raise TypeError("ShardedGradients needs a model sharded with fully_shard")
         self.model = model  # an FSDPModule too: `fsdp` is the same object, typed as one
-        self.fsdp = model
+        self.fsdp = cast("FSDPModule", model)
         self.params = list(params)
         self.hold = hold
         self._device = self.params[0].device  # NCCL reduces only device tensors
@@ -207,9 +229,6 @@ class ShardedGradients:
         del state  # no per-rank state: FSDP's reduce-scatter is exact
 
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
 def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """(model, optimizer) state dicts of full tensors on rank 0's CPU (empty elsewhere), the
     optimizer's exactly as a replicated `Optimizer.state_dict()` (keyed by index, its param
@@ -218,7 +237,10 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tupl
     The optimizer state is gathered here rather than by torch's `get_optimizer_state_dict`,
     which takes a step at LR 0 to create the state of an optimizer that has none, and does
     not know schedule-free AdamW's."""
-    model_state = get_model_state_dict(model, options=_FULL)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
     local = optimizer.state_dict()
     state = {
         index: {key: _full(value) for key, value in slot.items()}
@@ -236,6 +258,8 @@ def load_full_state(
     optimizer_state: dict,
 ) -> None:
     """Load full (replicated-format) state dicts, which every rank holds, into the shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state = {
@@ -247,7 +271,7 @@ def load_full_state(
 
 def _full(value: Any) -> Any:
     """A state value as a full CPU tensor (a DTensor gathered); anything else as it is."""
-    if isinstance(value, DTensor):
+    if _is_dtensor(value):
         return value.full_tensor().cpu()
     return value.cpu().clone() if isinstance(value, torch.Tensor) else value
 
@@ -255,10 +279,12 @@ def _full(value: Any) -> Any:
 def _shard_like(value: Any, param: torch.Tensor) -> Any:
     """A full state tensor of `param`'s shape, cut to `param`'s sharding (scalars, such as
     AdamW's step, stay as they are)."""
-    if not (isinstance(param, DTensor) and isinstance(value, torch.Tensor)):
+    if not (_is_dtensor(param) and isinstance(value, torch.Tensor)):
         return value
     if value.shape != param.shape:
         return value
+    from torch.distributed.tensor import distribute_tensor
+
     return distribute_tensor(
         value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
     )
@@ -287,7 +313,9 @@ def local_ema_state(state: dict, sources: Sequence[torch.Tensor]) -> dict:
 
 def _gathered(local: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """A local shard of `source` (an EMA's) as the full CPU tensor."""
-    if isinstance(source, DTensor):
+    if _is_dtensor(source):
+        from torch.distributed.tensor import DTensor
+
         local = DTensor.from_local(
             local, source.device_mesh, source.placements, shape=source.shape, stride=source.stride()
         )
@@ -296,7 +324,7 @@ def _gathered(local: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
 
 def _local_shard(full: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """A full EMA average cut to this rank's shard of `source`."""
-    if not isinstance(source, DTensor):
+    if not _is_dtensor(source):
         return full
     if full.shape != source.shape:
         raise ValueError(f"an EMA average of shape {tuple(full.shape)} does not fit {source.shape}")

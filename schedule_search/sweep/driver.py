@@ -46,6 +46,7 @@ def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False)
         scheduler=scheduler(space, horizon, facts.milestones),
         num_samples=settings.samples,
         max_concurrent_trials=settings.concurrency,
+        reuse_actors=settings.in_process,  # see `SweepSettings.in_process`
     )
     resolve = SpaceTrials(space, str(experiment.root / "space.yaml"))
     experiment.log_driver("started", resume=resume)

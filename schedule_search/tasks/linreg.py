@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field
-from torch.distributed.tensor import DTensor
 
 from schedule_search.core.config import STRICT, parse
+from schedule_search.core.sharding import full_tensor
 from schedule_search.tasks.protocol import Microbatch, seeded_generator
 
 __all__ = ["LinregConfig", "LinregTask", "build"]
@@ -71,9 +71,7 @@ class LinregTask:
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> float:
-        weight = next(model.parameters()).detach()
-        if isinstance(weight, DTensor):  # sharded (fsdp): every rank gathers it
-            weight = weight.full_tensor()
+        weight = full_tensor(next(model.parameters()).detach())  # sharded: every rank gathers
         w = weight.to("cpu", torch.float64).reshape(-1)
         delta = w - self.target
         return float(torch.sum(self.eigenvalues * delta**2))
