@@ -80,7 +80,10 @@ SETTINGS = {
     "TPE, 6 start-up": Setting(startup=6),
     "TPE, no seeded points": Setting(seeded_points=False),
     "TPE, halving from 0.5x": Setting(grace=0.5),
+    "TPE, 12 trials": Setting(trials=12),
     "TPE, 14 trials": Setting(trials=14),
+    "TPE, halving from 0.5x, 12 trials": Setting(grace=0.5, trials=12),
+    "TPE, halving from 0.5x, 14 trials": Setting(grace=0.5, trials=14),
     "GP (no halving: it learns from completed trials)": Setting(sampler="gp", grace=None),
     "random, halving from 1x": Setting(sampler="random"),
 }
