@@ -103,7 +103,7 @@ def searcher(space: SearchSpace) -> OptunaSearch:
 def scheduler(space: SearchSpace, horizon: float, milestones: list[float]):
     if not uses_asha(space):
         return FIFOScheduler()
-    grace = 1.0 if 1.0 in milestones else milestones[0]
+    grace = space.first_rung or (1.0 if 1.0 in milestones else milestones[0])
     # ASHA's rungs are compared with `time_attr`, here Chinchilla multiples (floats), although
     # its signature says int.
     return ASHAScheduler(

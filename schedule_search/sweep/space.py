@@ -6,6 +6,8 @@
     startup_trials: 4             # random trials (points_to_evaluate included) before TPE
     sampler: tpe                  # tpe | gp | random (bench/search.py measured them)
     scheduler: auto               # auto | asha | fifo (auto: ASHA for horizon-free schedules)
+    first_rung: 0.5               # ASHA's first rung, a milestone (default: 1x if one, else the
+                                  # first milestone)
     objectives: [val_loss]        # or [val_loss, wall_s]: loss and wall-clock seconds to the
                                   # horizon, a multi-objective search (export picks from the
                                   # Pareto front: `export --max-slowdown`)
@@ -112,6 +114,9 @@ class SearchSpace:
     startup_trials: Annotated[int, Field(ge=1)] = STARTUP_TRIALS
     sampler: Literal["tpe", "gp", "random"] = "tpe"
     scheduler: Literal["auto", "asha", "fifo"] = "auto"
+    #: ASHA's first rung in Chinchilla multiples, one of the milestones below the horizon;
+    #: None: 1x if it is one, else the first (`bench/family_search.py` measured the choice).
+    first_rung: Annotated[float, Field(gt=0)] | None = None
     base: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Param] = field(default_factory=dict)
     points_to_evaluate: list[dict[str, Any]] = field(default_factory=list)
@@ -258,6 +263,13 @@ def load_space(path: str | Path, check_task: bool = True) -> SearchSpace:
         _check_pairs(space, params, fixed, source)
     for i, point in enumerate(space.points_to_evaluate):
         _check_point(space, point, f"{source}: points_to_evaluate[{i}]")
+    if space.first_rung is not None:
+        rungs = trial_config(space, {}, source).budget.milestones()[:-1]
+        if space.first_rung not in rungs:
+            raise ConfigError(
+                f"{source}: first_rung: {space.first_rung:g} is not a milestone below the "
+                f"horizon; expected one of {', '.join(f'{m:g}' for m in rungs)} (budget.eval_at)"
+            )
     if space.scheduler == "asha" and schedule_kinds(space) & set(HORIZON_AWARE):
         raise ConfigError(
             f"{source}: scheduler: asha stops trials early, which is only valid for horizon-free "

@@ -6,8 +6,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from schedule_search.sweep.searcher import RAY_INTERNALS, MilestoneOptunaSearch, searcher
-from schedule_search.sweep.space import load_space
+from schedule_search.sweep.searcher import (
+    RAY_INTERNALS,
+    MilestoneOptunaSearch,
+    scheduler,
+    searcher,
+)
+from schedule_search.sweep.space import load_space, trial_config
 
 SPACES = Path(__file__).resolve().parents[3] / "search_spaces"
 
@@ -41,3 +46,18 @@ def test_a_missing_internal_fails_at_construction(monkeypatch):
     monkeypatch.setattr(OptunaSearch, "__init__", without_trials)
     with pytest.raises(RuntimeError, match="no longer has _ot_trials"):
         searcher(load_space(SPACES / "linreg.yaml", check_task=False))
+
+
+def test_ashas_first_rung_is_the_spaces_else_1x():
+    """The default space halves from 0.5x (bench/family_search.py chose it); a space that names
+    no first rung halves from 1x. Read from Ray's own ASHA, as its rungs (Chinchilla x)."""
+
+    def rungs(space) -> list[float]:
+        milestones = trial_config(space, {}).budget.milestones()
+        asha = scheduler(space, milestones[-1], milestones)
+        return sorted(rung for rung, _ in asha._brackets[0]._rungs)
+
+    default = load_space(SPACES / "default.yaml")
+    assert default.first_rung == 0.5 and rungs(default) == [0.5, 1.0, 2.0, 4.0]
+    linreg = load_space(SPACES / "linreg.yaml")
+    assert linreg.first_rung is None and min(rungs(linreg)) == 1.0
