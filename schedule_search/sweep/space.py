@@ -266,9 +266,10 @@ def load_space(path: str | Path, check_task: bool = True) -> SearchSpace:
     if space.first_rung is not None:
         rungs = trial_config(space, {}, source).budget.milestones()[:-1]
         if space.first_rung not in rungs:
+            expected = f"one of {', '.join(f'{m:g}' for m in rungs)}" if rungs else "none"
             raise ConfigError(
                 f"{source}: first_rung: {space.first_rung:g} is not a milestone below the "
-                f"horizon; expected one of {', '.join(f'{m:g}' for m in rungs)} (budget.eval_at)"
+                f"horizon; expected {expected} (budget.eval_at)"
             )
     if space.scheduler == "asha" and schedule_kinds(space) & set(HORIZON_AWARE):
         raise ConfigError(
