@@ -79,7 +79,10 @@ def _is_dtensor(value: Any) -> bool:
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
-    return [cast("FSDPModule", m) for m in model.modules() if is_sharded(m)]
+    fsdp_module = _loaded("torch.distributed.fsdp", "FSDPModule")
+    if fsdp_module is None:
+        return []
+    return [cast("FSDPModule", m) for m in model.modules() if isinstance(m, fsdp_module)]
 
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -115,7 +118,10 @@ def reshard(model: torch.nn.Module) -> None:
 def local_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Each tensor's local shard (a view of the storage FSDP gathers from and AdamW steps);
     an unsharded tensor (a buffer) is itself."""
-    return [t.to_local() if _is_dtensor(t) else t for t in tensors]
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")  # once a call: every window
+    if dtensor is None:
+        return list(tensors)
+    return [t.to_local() if isinstance(t, dtensor) else t for t in tensors]
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
