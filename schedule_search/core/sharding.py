@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,7 @@ from schedule_search.core.window import WindowConfig
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
 
 __all__ = [
     "ShardedGradients",
@@ -73,7 +74,7 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return fsdp_module is not None and isinstance(model, fsdp_module)
 
 
-def _is_dtensor(value: Any) -> bool:
+def _is_dtensor(value: Any) -> TypeGuard[DTensor]:
     dtensor = _loaded("torch.distributed.tensor", "DTensor")
     return dtensor is not None and isinstance(value, dtensor)
 
@@ -121,7 +122,7 @@ def local_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     dtensor = _loaded("torch.distributed.tensor", "DTensor")  # once a call: every window
     if dtensor is None:
         return list(tensors)
-    return [t.to_local() if isinstance(t, dtensor) else t for t in tensors]
+    return [cast("DTensor", t).to_local() if isinstance(t, dtensor) else t for t in tensors]
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -160,9 +161,9 @@ class ShardedGradients:
         self.hold = hold
         self._device = self.params[0].device  # NCCL reduces only device tensors
         if hold:  # FSDP's defaults otherwise (its root keeps its weights from forward to backward)
-            model.set_reshard_after_forward(False)
-            model.set_reshard_after_backward(False)
-        model.set_requires_gradient_sync(False)
+            self.fsdp.set_reshard_after_forward(False)
+            self.fsdp.set_reshard_after_backward(False)
+        self.fsdp.set_requires_gradient_sync(False)
         self._gathered = False
 
     @classmethod
