@@ -93,14 +93,22 @@ def run_tune(
     param_space: dict[str, Any] | None,
     live_view: LiveView,
     resume: bool,
+    set_aside_orphans: bool = True,
 ) -> None:
-    """Run (or restore and continue) one Tune experiment of core-trainer trials."""
+    """Run (or restore and continue) one Tune experiment of core-trainer trials.
+
+    A restored Tune starts again, under their ids, the trials its last snapshot (taken each
+    second) had not seen end. A searcher suggests other params for them, so their folders
+    are moved aside first (`set_aside_orphans`). A grid (a transfer round) gives each id the
+    same run again, so its folders stay: one that finished reports its record, an unfinished
+    one resumes from its checkpoint."""
     driver = tune.with_parameters(
         run_trial, settings=settings, resolve=resolve, root=str(experiment.root)
     )
     driver = tune.with_resources(driver, trial_driver_resources(settings))
     if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
-        orphans = experiment.reconcile(_known_trial_ids(experiment))
+        known = _known_trial_ids(experiment)  # a damaged snapshot is refused either way
+        orphans = experiment.reconcile(known) if set_aside_orphans else []
         if orphans:
             print(
                 f"moved aside {len(orphans)} trial(s) started after Tune's last snapshot: "

@@ -23,6 +23,7 @@ from ray import tune
 from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import ConfigError, parse, to_dict
 from schedule_search.core.files import atomic_write_text
+from schedule_search.core.states import State
 from schedule_search.recipe import load_recipe
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import read_facts
@@ -201,7 +202,7 @@ def _run_rounds(
     for number in itertools.count(1):
         phase = Experiment(root / f"round{number}")
         # On resume a round is replayed: what ended in it is read back, not planned again.
-        ended = frozenset(_ended(phase))
+        ended = frozenset(ended_runs(phase))
         pending = pending_with_seeds(study, seeds, finished, checkpoint_at, ended)
         if not pending and not ended:
             break
@@ -217,6 +218,7 @@ def _run_rounds(
                 {"run": tune.grid_search(names)},
                 _live_view({n: study.span(pending[n]) for n in names}),
                 resume and phase.tune_dir.exists(),
+                set_aside_orphans=False,  # each reports its record: see `run_tune`
             )
         _require_finished(phase, names)
         for name, trial in run_names(phase).items():
@@ -270,16 +272,22 @@ class Unfinished(Exception):
     """The transfer stopped with runs unfinished (interrupted, or a run failed for good)."""
 
 
-def _ended(phase: Experiment) -> list[str]:
-    """Runs of this round with an ending recorded."""
+#: The endings a transfer run keeps. An `error` is not one: the run is pending again, and the
+#: next resume trains it (a restored round retries errored trials under their ids).
+KEPT = (State.COMPLETED, State.DIVERGED, State.STOPPED)
+
+
+def ended_runs(phase: Experiment) -> list[str]:
+    """Runs of this round that ended for good (`KEPT`)."""
     trial_ids = run_names(phase) if phase.root.exists() else {}
-    return [n for n, trial in trial_ids.items() if phase.read_trial_json(trial, "result.json")]
+    endings = {n: phase.read_trial_json(trial, "result.json") for n, trial in trial_ids.items()}
+    return [n for n, ending in endings.items() if ending and ending.get("state") in KEPT]
 
 
 def _unfinished(phase: Experiment, names: list[str]) -> list[str]:
-    """Runs of `names` without an ending recorded (a run still pending, killed before its
-    first evaluation, counts as unfinished too)."""
-    ended = set(_ended(phase))
+    """Runs of `names` that did not end for good: still pending (killed before their first
+    evaluation), interrupted, or failed."""
+    ended = set(ended_runs(phase))
     return [n for n in names if n not in ended]
 
 

@@ -127,8 +127,13 @@ def test_small_transfer_on_linreg(tmp_path):
         assert first.read_trial_json(trial_id, "result.json") == result
     for trial_id in never_evaluated:  # killed before its first evaluation: run to its end
         assert first.read_trial_json(trial_id, "result.json")["state"] == "completed"
-
     root = sweep.root / "transfer"
+    # A run that finished after Tune's last snapshot is started again under its id by the
+    # restored grid: it reports its record (not moved aside, not rerun as an error).
+    for phase in root.glob("round*"):
+        assert not (phase / "trials" / ".orphaned").exists()
+        assert {row.state for row in Experiment(phase).rows()} <= {"completed", "diverged"}, phase
+
     # Asking the finished transfer for other horizons or seeds is refused: it would change
     # its runs.
     methods = ["--methods", "recipe,constant,cosine,wsd"]
