@@ -17,7 +17,7 @@ from pydantic import Field
 
 from schedule_search.core.config import STRICT, parse
 from schedule_search.core.sharding import full_tensor
-from schedule_search.tasks.protocol import Microbatch, seeded_generator
+from schedule_search.tasks.protocol import Microbatch, stream_generator
 
 __all__ = ["LinregConfig", "LinregTask", "build"]
 
@@ -61,7 +61,7 @@ class LinregTask:
         return x.to(self.dtype), y.to(self.dtype)
 
     def microbatch(self, index: int, rank: int, world_size: int) -> Microbatch:
-        generator = seeded_generator(self.seed, rank, index)
+        generator = stream_generator(self.seed, index, rank, world_size)
         return Microbatch(self.sample(self.config.batch, generator), self.config.batch)
 
     def loss_sum(self, model: torch.nn.Module, batch: Microbatch) -> torch.Tensor:

@@ -7,6 +7,9 @@ The task protocol (what a user task provides; see `Task`):
   convention the non-embedding parameters).
 - `microbatch(index, rank, world_size)` -> `Microbatch`: a deterministic function of its
   arguments and the task's seed, so a resumed run sees exactly the data it would have seen.
+  The built-in tasks take draw number `index * world_size + rank` of one stream
+  (`stream_generator`), so 1 rank x 2 micro-batches a window and 2 ranks x 1 train on the
+  same data: a recipe's result does not depend on how its window is split over workers.
 - `loss_sum(model, batch)` -> the loss *summed* over the micro-batch's tokens (a 0-dim tensor);
   it moves the batch to the model's device (micro-batches are made on the CPU).
 - `evaluate(model)` -> the mean held-out loss per token (a float), deterministic.
@@ -23,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Microbatch", "Task", "seeded_generator"]
+__all__ = ["Microbatch", "Task", "seeded_generator", "stream_generator"]
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,18 @@ class Task(Protocol):
 
 
 def seeded_generator(*keys: int) -> torch.Generator:
-    """A torch generator seeded from integer keys (seed, rank, index, ...; all >= 0),
+    """A torch generator seeded from integer keys (a seed, a draw number, ...; all >= 0),
     stable across runs and machines."""
     import numpy as np
 
     state = np.random.SeedSequence([int(k) for k in keys]).generate_state(2, dtype=np.uint64)
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
+
+
+def stream_generator(seed: int, index: int, rank: int, world_size: int) -> torch.Generator:
+    """The generator of micro-batch `index` of `rank` among `world_size`: draw number
+    `index * world_size + rank` of the seed's one stream. In a `microbatches` window every rank
+    is at the same index, so window w of a run with R ranks x M micro-batches draws numbers
+    w*R*M to (w+1)*R*M - 1, whatever R and M are. One rank's draws are those a run had before
+    the stream was shared (keys seed, 0, index): single-rank results are unchanged."""
+    return seeded_generator(seed, 0, index * world_size + rank)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from schedule_search.core.config import STRICT, ConfigError, InputWarning, PositiveInt, parse
 from schedule_search.tasks import corpus
-from schedule_search.tasks.protocol import Microbatch, seeded_generator
+from schedule_search.tasks.protocol import Microbatch, seeded_generator, stream_generator
 
 __all__ = ["FEW_MICROBATCHES", "Block", "TinyLM", "TinyLMConfig", "TinyLMTask", "build"]
 
@@ -148,7 +148,9 @@ class TinyLMTask:
         return torch.from_numpy(np.stack(rows))
 
     def microbatch(self, index: int, rank: int, world_size: int) -> Microbatch:
-        rows = self._sample_rows(self.corpus.train, seeded_generator(self.seed, rank, index))
+        rows = self._sample_rows(
+            self.corpus.train, stream_generator(self.seed, index, rank, world_size)
+        )
         return Microbatch(rows, rows.shape[0] * self.config.context)
 
     def loss_sum(self, model: torch.nn.Module, batch: Microbatch) -> torch.Tensor:

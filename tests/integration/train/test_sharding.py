@@ -97,3 +97,13 @@ def test_sharded_runs_end_in_the_replicated_runs_checkpoints(tmp_path):
         assert_same_checkpoint(final("replicated-then-fsdp"), final("fsdp"))
         events = (tmp_path / policy / "replicated-then-fsdp" / "events.jsonl").read_text()
         assert '"resumed"' in events
+    # One rank with the window's 6 micro-batches trains on the data the 2 ranks x 3 trained on
+    # (one stream, `tasks.protocol.stream_generator`): it ends where they end, but for the
+    # order in which the window's gradients were summed.
+    alone = config("replicated", "microbatches", "adamw", microbatches=6)
+    train(alone, LocalSession(tmp_path / "one-rank", alone.checkpoint.keep))
+    one = ckpt.load_latest(tmp_path / "one-rank" / "checkpoints")[1]
+    two = ckpt.load_latest(tmp_path / "microbatches" / "replicated" / "checkpoints")[1]
+    assert one["window"]["windows"] == two["window"]["windows"] > 10
+    worst = max((one["model"][k] - two["model"][k]).abs().max() for k in one["model"])
+    assert worst < 1e-5, worst

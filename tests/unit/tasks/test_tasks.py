@@ -29,6 +29,29 @@ def test_microbatches_depend_only_on_seed_rank_and_index():
     assert first.tokens == task.tokens_per_microbatch
 
 
+@pytest.mark.parametrize("name", ["tinylm", "linreg"])
+def test_a_windows_data_does_not_depend_on_how_many_ranks_share_it(name):
+    """Window w of 1 rank x 4 micro-batches, 2 ranks x 2 and 4 ranks x 1 hold the same draws
+    of one stream, in the same order (rank-major within each micro-batch index)."""
+    options = {"name": name, "max_bytes": 200_000} if name == "tinylm" else {"name": name}
+    task = build_task(options, seed=3)
+    for window in range(3):
+        one = [task.microbatch(4 * window + k, 0, 1).data for k in range(4)]
+        for ranks in (2, 4):
+            per_rank = 4 // ranks
+            split = [
+                task.microbatch(per_rank * window + k, r, ranks).data
+                for k in range(per_rank)
+                for r in range(ranks)
+            ]
+            assert len(split) == len(one)
+            for a, b in zip(one, split, strict=True):
+                if name == "linreg":
+                    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+                else:
+                    assert torch.equal(a, b)
+
+
 def test_text_folder(tmp_path):
     (tmp_path / "a.txt").write_text("hello world\n" * 2000)
     (tmp_path / "sub").mkdir()
