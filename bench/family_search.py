@@ -4,7 +4,8 @@ search_spaces/default.yaml on the default task.
 Phase 1, `--grid` (about 2 hours on 2 cores; resumable: each point is appended to the table as
 it finishes and skipped on a rerun): every point of a grid over both families, trained to the
 sweep's 4x on the default task by the core trainer (one process of one thread each, 2 at once;
-2 micro-batches a window, the tokens per step of a sweep trial's 2 workers x 1 micro-batch),
+2 micro-batches a window, the tokens per step and the data of a sweep trial's 2 workers x 1
+micro-batch: one stream, `tasks.protocol.stream_generator`),
 its objective (the best member of its EMA bank) recorded at 0.5x, 1x, 2x and 4x in
 `bench/results/family-search/grid.jsonl`, each row stamped with its CPU model (a table begun
 on another CPU is refused: kernels differ enough to move a 4x loss). The grid holds the
