@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import torch
 
@@ -53,7 +53,13 @@ def save_state(folder: Path, state: dict[str, Any]) -> None:
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
         with open(staging / STATE_FILE, "wb") as handle:
-            torch.save(state, handle)
+            writes = _KeepsWriteError(handle)
+            try:
+                torch.save(state, cast(BinaryIO, writes))  # torch.save calls write() and flush()
+            except RuntimeError:
+                if writes.error is None:
+                    raise
+                raise writes.error from None  # the cause, not torch's "unexpected pos"
             handle.flush()
             os.fsync(handle.fileno())
         as_if_created(staging, folder=True)
@@ -63,6 +69,32 @@ def save_state(folder: Path, state: dict[str, Any]) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+class _KeepsWriteError:
+    """The file torch.save writes through, keeping the OSError a write raised. torch's zip
+    writer turns a failed write into "unexpected pos" (a RuntimeError), which hides the cause
+    (a full disk: ENOSPC; a read-only one: EROFS) and the file; `save_state` raises the
+    OSError instead, which names both."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        return self._keeping(self.handle.write, data)
+
+    def flush(self) -> None:
+        self._keeping(self.handle.flush)
+
+    def _keeping(self, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as err:
+            if err.filename is None:
+                err.filename = self.handle.name
+            self.error = err
+            raise
 
 
 def load_state(folder: Path) -> dict[str, Any]:

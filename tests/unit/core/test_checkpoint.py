@@ -1,6 +1,7 @@
 """Corrupt checkpoints: a latest one cut short falls back to the one before (and the run
 ends where a run never damaged ends); garbage is named, never loaded."""
 
+import errno
 import os
 
 import pytest
@@ -91,3 +92,42 @@ def test_a_crafted_checkpoint_is_refused_in_one_line_and_runs_nothing(tmp_path):
     with pytest.raises(ckpt.UnsafeCheckpoint):
         run_local(config, tmp_path / "run")  # a resume
     assert not marker.exists()
+
+
+FULL_DISK = """
+import errno, json, resource, signal, sys
+from pathlib import Path
+import torch
+from schedule_search.core import checkpoint as ckpt
+
+root = Path(sys.argv[1])
+ckpt.save_state(root / "checkpoint_1", {"w": torch.ones(1000)})  # 4 kB: fits
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    ckpt.save_state(root / "checkpoint_2", {"w": torch.ones(1 << 20)})  # 4 MiB: refused
+except OSError as err:
+    print(json.dumps({"errno": err.errno, "filename": str(err.filename), "message": str(err)}))
+"""
+
+
+def test_a_write_the_kernel_refuses_surfaces_with_its_cause_and_leaves_the_last_checkpoint(
+    tmp_path,
+):
+    """torch.save reports a failed write as "unexpected pos"; save_state raises the write's own
+    OSError instead (here EFBIG, from a file-size limit: a real kernel refusal, as ENOSPC from
+    a full disk or EROFS from a read-only one), naming the file, and leaves nothing half
+    written beside the previous checkpoint."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused = json.loads(done.stdout)
+    assert refused["errno"] == errno.EFBIG, refused
+    assert refused["filename"].endswith(ckpt.STATE_FILE) and str(tmp_path) in refused["filename"]
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint_1"]  # no staging folder left
+    assert torch.equal(ckpt.load_state(tmp_path / "checkpoint_1")["w"], torch.ones(1000))
