@@ -18,8 +18,9 @@ import pickle
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 import torch
 
@@ -71,6 +72,9 @@ def save_state(folder: Path, state: dict[str, Any]) -> None:
         raise
 
 
+_T = TypeVar("_T")
+
+
 class _KeepsWriteError:
     """The file torch.save writes through, keeping the OSError a write raised. torch's zip
     writer turns a failed write into "unexpected pos" (a RuntimeError), which hides the cause
@@ -87,7 +91,7 @@ class _KeepsWriteError:
     def flush(self) -> None:
         self._keeping(self.handle.flush)
 
-    def _keeping(self, call: Any, *args: Any) -> Any:
+    def _keeping(self, call: Callable[..., _T], *args: Any) -> _T:
         try:
             return call(*args)
         except OSError as err:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["ENDINGS", "State"]
+__all__ = ["ENDINGS", "KEPT", "State"]
 
 
 class State(str, Enum):
@@ -29,3 +29,7 @@ class State(str, Enum):
 
 #: The states a trial ends in: its record no longer changes.
 ENDINGS = (State.COMPLETED, State.STOPPED, State.DIVERGED, State.ERROR)
+
+#: The endings whose record is the trial's result. An `error` is not one: a resume runs the
+#: trial again (Tune restores errored trials under their ids).
+KEPT = (State.COMPLETED, State.STOPPED, State.DIVERGED)

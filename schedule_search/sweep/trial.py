@@ -14,7 +14,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from schedule_search.core.config import to_dict
-from schedule_search.core.states import State
+from schedule_search.core.states import KEPT
 from schedule_search.store.experiment import Experiment, SweepSettings, train_run_name
 from schedule_search.sweep.space import SearchSpace, trial_config
 from schedule_search.sweep.worker import train_in_trial, worker_loop
@@ -46,7 +46,7 @@ def run_trial(
     trial_id = tune.get_context().get_trial_id()
     ended = experiment.read_trial_json(trial_id, "result.json")
     history = experiment.read_trial_json(trial_id, "metrics.json")
-    if ended and ended["state"] in (State.COMPLETED, State.DIVERGED, State.STOPPED) and history:
+    if ended and ended["state"] in KEPT and history:
         # It ended after Tune's last snapshot: our durable record has its result; report it
         # again rather than start a worker group for it.
         tune.report(history[-1])

@@ -23,7 +23,7 @@ from ray import tune
 from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import ConfigError, parse, to_dict
 from schedule_search.core.files import atomic_write_text
-from schedule_search.core.states import State
+from schedule_search.core.states import KEPT
 from schedule_search.recipe import load_recipe
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import read_facts
@@ -272,13 +272,9 @@ class Unfinished(Exception):
     """The transfer stopped with runs unfinished (interrupted, or a run failed for good)."""
 
 
-#: The endings a transfer run keeps. An `error` is not one: the run is pending again, and the
-#: next resume trains it (a restored round retries errored trials under their ids).
-KEPT = (State.COMPLETED, State.DIVERGED, State.STOPPED)
-
-
 def ended_runs(phase: Experiment) -> list[str]:
-    """Runs of this round that ended for good (`KEPT`)."""
+    """Runs of this round that ended for good (`core.states.KEPT`): an errored one is pending
+    again, and the next resume trains it."""
     trial_ids = run_names(phase) if phase.root.exists() else {}
     endings = {n: phase.read_trial_json(trial, "result.json") for n, trial in trial_ids.items()}
     return [n for n, ending in endings.items() if ending and ending.get("state") in KEPT]
