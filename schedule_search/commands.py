@@ -190,7 +190,12 @@ def _print_table(experiment) -> None:
 
     horizon = _horizon(experiment)
     _warn_damaged(experiment)
-    rows = experiment.write_table()
+    try:
+        rows = experiment.write_table()
+        written = f"table: {experiment.root / 'trials.csv'}"
+    except OSError as error:  # a full or read-only volume: the records still read
+        rows = experiment.rows()
+        written = f"table not written: {error}"
     best = experiment.best(horizon)
     table = Table(title=f"{experiment.root.name}: {len(rows)} trials (objective at {horizon:g}x)")
     # One column per training config key: a family's own params share the column of their
@@ -214,7 +219,7 @@ def _print_table(experiment) -> None:
             *[value_text(by_key[r.trial_id].get(key, "")) for key in keys],
         )
     Console(width=None if sys.stdout.isatty() else 160).print(table)
-    print(f"table: {experiment.root / 'trials.csv'}")
+    print(written)
 
 
 def transfer(args: argparse.Namespace) -> int:

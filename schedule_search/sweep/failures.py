@@ -8,7 +8,9 @@ traceback each (a sweep on a cluster without the user's module: 329 lines, 113 s
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +41,38 @@ def error_line(error_file: str | Path | None) -> str:
 
 
 class FailFast(tune.Stopper):
-    """Stops the whole Tune run once `reason` is set (by the sweep's TrialRecorder)."""
+    """Ends the Tune run once a trial could not start (`stop`), the way Ctrl-C ends it: through
+    Tune's graceful stop (its SIGUSR1 handler), so its state is saved with the other trials
+    still running and the searcher still searching, and a `resume` after the cause is fixed
+    runs them. As a `tune.Stopper` it stops the run only where Tune has no such handler
+    (`fit()` outside the main thread): `stop_all` ends the other trials as TERMINATED and the
+    searcher as finished, and a restored Tune runs neither again."""
 
     def __init__(self) -> None:
         self.reason: str | None = None
+        self.signalled = False
+
+    def stop(self, reason: str) -> None:
+        if self.reason is not None:
+            return
+        self.reason = reason
+        if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's, installed once fit() started
+            self.signalled = True
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return self.reason is not None
+        return self.reason is not None and not self.signalled
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune saves its stopper with the experiment: a `resume` after the cause is fixed
-        # must run, not stop at once.
+        # starts with no reason to stop.
         return {"reason": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
 
 
 class TrialsFailed(Exception):

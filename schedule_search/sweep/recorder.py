@@ -59,7 +59,7 @@ class TrialRecorder(tune.Callback):
         reason = error_line(trial.error_file)
         self._record(trial, State.ERROR, reason, result, {"error_file": str(trial.error_file)})
         if "chinchilla" not in result:  # failed to start on every attempt: so will the rest
-            self.fail_fast.reason = (
+            self.fail_fast.stop(
                 f"trial {trial.trial_id} failed before its first evaluation on every attempt: "
                 f"{reason}"
             )
