@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 import torch
 
 from schedule_search.core.config import ConfigError
-from schedule_search.core.files import as_if_created
+from schedule_search.core.files import as_if_created, naming
 
 __all__ = [
     "PREFIX",
@@ -53,7 +53,7 @@ def save_state(folder: Path, state: dict[str, Any]) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
-        with open(staging / STATE_FILE, "wb") as handle:
+        with naming(staging / STATE_FILE), open(staging / STATE_FILE, "wb") as handle:
             writes = _KeepsWriteError(handle)
             try:
                 torch.save(state, cast(BinaryIO, writes))  # torch.save calls write() and flush()
@@ -78,8 +78,8 @@ _T = TypeVar("_T")
 class _KeepsWriteError:
     """The file torch.save writes through, keeping the OSError a write raised. torch's zip
     writer turns a failed write into "unexpected pos" (a RuntimeError), which hides the cause
-    (a full disk: ENOSPC; a read-only one: EROFS) and the file; `save_state` raises the
-    OSError instead, which names both."""
+    (a full disk: ENOSPC; a read-only one: EROFS); `save_state` raises the OSError instead,
+    named after the file it could not write."""
 
     def __init__(self, handle: BinaryIO) -> None:
         self.handle = handle
@@ -95,8 +95,6 @@ class _KeepsWriteError:
         try:
             return call(*args)
         except OSError as err:
-            if err.filename is None:
-                err.filename = self.handle.name
             self.error = err
             raise
 

@@ -7,10 +7,11 @@ back skipping a last line cut short by a kill.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,25 @@ def as_if_created(path: str | Path, folder: bool = False) -> None:
     os.chmod(path, (0o777 if folder else 0o666) & ~UMASK)
 
 
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Within: an OSError that names no file is given `path`. A failed write, flush, fsync or
+    close (a full volume: ENOSPC; a read-only one: EROFS) names none, and the one line a user
+    sees should say which file could not be written."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None:
+            err.filename = str(path)
+        raise
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with naming(path), os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -56,7 +70,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line (the folder is made if needed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
+    with naming(path), open(path, "a") as handle:
         handle.write(json.dumps(record) + "\n")
 
 

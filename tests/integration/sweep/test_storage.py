@@ -82,7 +82,7 @@ def test_a_full_volume_ends_the_sweep_in_one_line_and_resume_finishes_every_tria
         assert ended.returncode == 1, ended.stderr[-3000:]
         last = ended.stderr.strip().splitlines()[-1]
         assert last.startswith("sweep ended: trials cannot start: OSError: [Errno 28]"), last
-        assert f"'{storage}/full/train/" in last  # the path that could not be written
+        assert f"'{storage}/full/" in last  # the file that could not be written
 
         experiment = Experiment(storage / "full")
         states = {row.trial_id: row.state for row in experiment.rows()}

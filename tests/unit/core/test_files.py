@@ -1,0 +1,37 @@
+"""Atomic writes that the kernel refuses: the error names the file, the previous content
+stays, and no temporary file is left."""
+
+import errno
+import json
+import subprocess
+import sys
+
+REFUSED_WRITE = """
+import json, resource, signal, sys
+from pathlib import Path
+from schedule_search.core.files import atomic_write_bytes
+
+path = Path(sys.argv[1]) / "metrics.json"
+atomic_write_bytes(path, b"[1]")  # fits
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    atomic_write_bytes(path, b"x" * (1 << 20))  # past the limit: refused at a write or flush
+except OSError as err:
+    print(json.dumps({"errno": err.errno, "filename": str(err.filename), "message": str(err)}))
+"""
+
+
+def test_a_refused_write_names_its_file_and_keeps_the_previous_content(tmp_path):
+    # A real kernel refusal (EFBIG from a file-size limit, as ENOSPC from a full volume): a
+    # failed write, flush or close raises an OSError that names no file by itself.
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSED_WRITE, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused = json.loads(done.stdout)
+    assert refused["errno"] == errno.EFBIG, refused
+    assert refused["filename"] == str(tmp_path / "metrics.json")
+    assert refused["message"].endswith(f"'{tmp_path / 'metrics.json'}'")
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]  # no temporary file left
+    assert (tmp_path / "metrics.json").read_bytes() == b"[1]"
