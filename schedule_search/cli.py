@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(verbs)
     _add_sweep(verbs)
     _add_transfer(verbs)
+    _add_forecast(verbs)
     for verb, handler, text in (
         ("resume", commands.resume, "continue a killed or stopped sweep"),
         ("status", commands.status, "a table of the sweep's trials"),
@@ -172,16 +173,30 @@ def _add_sweep(verbs) -> None:
     sweep.set_defaults(handler=commands.sweep)
 
 
-def _add_transfer(verbs) -> None:
-    transfer = verbs.add_parser("transfer", help="the recipe at longer horizons vs references")
-    transfer.add_argument("name", type=_name, help="the sweep whose recipe to transfer")
-    transfer.add_argument(
+def _add_horizons(parser: argparse.ArgumentParser, default_also: str) -> None:
+    parser.add_argument(
         "--to",
         type=_multiples,
         default=None,
-        help="horizons in Chinchilla multiples beyond the sweep's (default: 8,16,32, or "
-        "those of the transfer being resumed)",
+        help="horizons in Chinchilla multiples beyond the sweep's "
+        f"(default: 8,16,32{default_also})",
     )
+
+
+def _add_forecast(verbs) -> None:
+    forecast = verbs.add_parser(
+        "forecast", help="predict the recipe's and the envelopes' loss at longer horizons"
+    )
+    forecast.add_argument("name", type=_name, help="the sweep whose curves to fit")
+    _add_horizons(forecast, "")
+    _add_storage(forecast)
+    forecast.set_defaults(handler=commands.forecast)
+
+
+def _add_transfer(verbs) -> None:
+    transfer = verbs.add_parser("transfer", help="the recipe at longer horizons vs references")
+    transfer.add_argument("name", type=_name, help="the sweep whose recipe to transfer")
+    _add_horizons(transfer, ", or those of the transfer being resumed")
     transfer.add_argument(
         "--methods",
         type=_methods,

@@ -283,6 +283,41 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def forecast(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from schedule_search.core.config import ConfigError
+    from schedule_search.forecast import forecast_sweep, write_forecast
+    from schedule_search.recipe import load_recipe
+    from schedule_search.store.experiment import Experiment
+
+    experiment = Experiment.named(args.name, args.storage)
+    experiment.settings()
+    horizon = _horizon(experiment)
+    exported = experiment.root / "recipe.yaml"
+    if exported.is_file():
+        recipe_trial = load_recipe(exported).spec.source["trial_id"]
+    elif (best := experiment.best(horizon)) is not None:
+        recipe_trial = best.trial_id
+    else:
+        raise ConfigError(f"forecast: {experiment.root}: no trial reached {horizon:g}x yet")
+    horizons = [horizon, *(h for h in (args.to or [8.0, 16.0, 32.0]) if h > horizon)]
+    predicted = forecast_sweep(experiment, recipe_trial, horizons)
+    table = Table(title=f"{experiment.root.name}: forecast (10th-90th percentile)")
+    table.add_column("row")
+    for h in horizons:
+        table.add_column(f"{h:g}x")
+    for label, cells in predicted.rows.items():
+        texts = [f"{cells[h].loss:.4f} [{cells[h].low:.4f}, {cells[h].high:.4f}]" for h in horizons]
+        if "envelope" in label:
+            texts = [f"{t} lr {cells[h].lr:.2g}" for t, h in zip(texts, horizons, strict=True)]
+        table.add_row(label, *texts)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    print(f"forecast: {write_forecast(predicted, experiment.root / 'forecast')}")
+    return 0
+
+
 def report(args: argparse.Namespace) -> int:
     from schedule_search.report.sweep import write_sweep_report
     from schedule_search.store.experiment import Experiment

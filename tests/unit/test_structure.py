@@ -24,6 +24,7 @@ LAYERS = (
     "tasks",
     "train",
     "store",
+    "forecast",
     "recipe",
     "integrations",
     "sweep",
@@ -33,7 +34,7 @@ LAYERS = (
     "cli",
 )
 #: The parts that import no `ray` module at all, not even inside a function.
-NO_RAY = ("core", "store", "recipe", "integrations", "report")
+NO_RAY = ("core", "store", "forecast", "recipe", "integrations", "report")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,147 @@
+"""The forecast's law and verb on real record files: the fit recovers the law that generated
+the curves, a horizon-free run's forecast knows no horizon, and too few curves are refused in
+one line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from schedule_search.cli import main
+from schedule_search.core.schedules import ScheduleConfig
+from schedule_search.forecast import LossLaw, Run, fit_law
+from schedule_search.forecast.law import Curve
+from schedule_search.store.experiment import Experiment, SweepSettings
+from schedule_search.store.facts import SweepFacts, write_facts
+from schedule_search.train.evaluation import Evaluation
+
+TRUTH = LossLaw(l0=0.9, a=0.05, alpha=0.6, d=8.0, nu=0.5, tau=0.3, p=0.4, q=0.9)
+EVAL_AT = [0.5, 1.0, 2.0, 4.0]
+
+
+def sweep_like_runs() -> list[Run]:
+    """AdamW runs as a sweep draws them: three LRs, constant and two poly decays, 1 or 3
+    micro-batches per step."""
+    shapes = [("constant", 0.5, 4.0), ("poly", 0.5, 1.0), ("poly", 1.0, 0.5)]
+    return [
+        Run(lr, ScheduleConfig(kind=kind, gamma=gamma, alpha=alpha), microbatches)
+        for lr in (3e-3, 1e-2, 3e-2)
+        for kind, gamma, alpha in shapes
+        for microbatches in (1, 3)
+    ]
+
+
+def test_the_fit_recovers_the_law_that_made_the_curves():
+    curves = [
+        Curve(run, dict(zip(EVAL_AT, TRUTH.predict(run, EVAL_AT), strict=True)))
+        for run in sweep_like_runs()
+    ]
+    law = fit_law(curves)
+    for name in ("l0", "a", "alpha", "d", "nu", "tau", "p", "q"):
+        assert getattr(law, name) == pytest.approx(getattr(TRUTH, name), rel=1e-4), name
+    far = Run(5e-3, ScheduleConfig(kind="cosine", horizon=32.0), 2)  # a run it never saw
+    assert law.predict(far, [32.0]) == pytest.approx(TRUTH.predict(far, [32.0]), abs=1e-6)
+
+
+def test_a_horizon_free_forecast_needs_no_horizon():
+    # A constant or poly schedule has no field for a horizon: its loss at 8x is the same
+    # whether one asks up to 8x or up to 32x.
+    for kind in ("constant", "poly"):
+        run = Run(1e-2, ScheduleConfig(kind=kind), 1)
+        alone = TRUTH.predict(run, [8.0])[0]
+        assert TRUTH.predict(run, [8.0, 16.0, 32.0])[0] == pytest.approx(alone, abs=1e-12)
+    # ... while a cosine's loss at 8x depends on where it ends (the check can fail).
+    ends = [
+        TRUTH.predict(Run(1e-2, ScheduleConfig(kind="cosine", horizon=h), 1), [8.0])[0]
+        for h in (8.0, 32.0)
+    ]
+    assert abs(ends[0] - ends[1]) > 1e-3
+
+
+def write_sweep(root, runs: list[Run], at: list[float]) -> Experiment:
+    """A finished sweep's folder of `runs` whose records hold the law's losses at `at`."""
+    experiment = Experiment(root)
+    root.mkdir(parents=True)
+    experiment.save_settings(
+        SweepSettings(name=root.name, samples=len(runs), workers=1, concurrency=1)
+    )
+    write_facts(
+        root,
+        SweepFacts(
+            horizon=max(at),
+            milestones=at,
+            tokens_per_param=20.0,
+            n_params=1000,
+            tokens_per_reference_step=16.0,
+        ),
+    )
+    for number, run in enumerate(runs):
+        trial_id = f"t{number:04d}"
+        schedule = {
+            "kind": run.schedule.kind,
+            "gamma": run.schedule.gamma,
+            "alpha": run.schedule.alpha,
+            "warmup": run.schedule.warmup,
+        }
+        config = {
+            "optimizer": {"name": "adamw", "lr": run.lr},
+            "schedule": schedule,
+            "window": {"microbatches": run.microbatches},
+        }
+        experiment.write_trial_json(trial_id, "config.json", {"params": {}, "config": config})
+        losses = TRUTH.predict(run, at)
+        history = [
+            Evaluation(
+                tokens=int(t * 20_000),
+                chinchilla=t,
+                val_loss=float(loss) - 0.01,
+                milestone=i + 1,
+                losses={0.0: float(loss), 0.04: float(loss) - 0.01},
+            ).to_metrics()
+            for i, (t, loss) in enumerate(zip(at, losses, strict=True))
+        ]
+        experiment.write_trial_json(trial_id, "metrics.json", history)
+        experiment.write_trial_json(
+            trial_id,
+            "result.json",
+            {"state": "completed", "reason": "", "val_loss": history[-1]["val_loss"]},
+        )
+    return experiment
+
+
+def test_the_verb_forecasts_from_the_records_and_writes_its_table(tmp_path, capsys):
+    experiment = write_sweep(tmp_path / "runs" / "lf", sweep_like_runs(), EVAL_AT)
+    assert main(["forecast", "lf", "--storage", str(tmp_path / "runs"), "--to", "8,32"]) == 0
+    document = json.loads((experiment.root / "forecast" / "forecast.json").read_text())
+    assert document["horizons"] == [4.0, 8.0, 32.0]
+    assert (experiment.root / "forecast" / "forecast.png").read_bytes()[:4] == b"\x89PNG"
+    # The recipe is the best trial at 4x; its raw-weights law is TRUTH, its objective 0.01
+    # below: the forecast of the recipe continued is the law's at each horizon, exactly.
+    best = experiment.best(4.0)
+    config = experiment.read_trial_json(best.trial_id, "config.json")["config"]
+    recipe = Run(
+        config["optimizer"]["lr"],
+        ScheduleConfig(**config["schedule"]),
+        config["window"]["microbatches"],
+    )
+    for horizon in (8.0, 32.0):
+        cell = document["rows"]["recipe (best EMA)"][f"{horizon:g}"]
+        expected = TRUTH.predict(recipe, [horizon])[0] - 0.01
+        assert cell["loss"] == pytest.approx(expected, abs=1e-4)
+        assert cell["low"] <= cell["loss"] <= cell["high"]
+        envelope = document["rows"]["cosine envelope (last iterate)"][f"{horizon:g}"]
+        lrs = np.geomspace(3e-3 / 4, 3e-2 * 4, 61)
+        cosine = ScheduleConfig(kind="cosine", horizon=horizon, warmup=recipe.schedule.warmup)
+        truth = min(TRUTH.predict(Run(lr, cosine, recipe.microbatches), [horizon])[0] for lr in lrs)
+        assert envelope["loss"] == pytest.approx(truth, abs=1e-4)
+    assert "recipe (best EMA)" in capsys.readouterr().out
+
+
+def test_too_few_curves_are_refused_in_one_line(tmp_path, capsys):
+    runs = sweep_like_runs()[:2]
+    experiment = write_sweep(tmp_path / "runs" / "few", runs, EVAL_AT)
+    assert main(["forecast", "few", "--storage", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1
+    assert "8 evaluation(s) of 2 trial(s); the law needs 16 of at least 3 trials" in error[0]
+    assert not (experiment.root / "forecast").exists()  # nothing written
