@@ -205,7 +205,9 @@ def _print_table(experiment) -> None:
     headers = [short_name(k) for k in keys]
     if len(set(headers)) < len(headers):
         headers = keys
-    for column in ["trial", "state", "reached", "val_loss", "ema fraction", "best", *headers]:
+    restarted = any(r.restarts for r in rows)  # a column only once a fault has happened
+    fixed = ["trial", "state", "reached", "val_loss", "ema fraction", "best"]
+    for column in [*fixed, *(["restarts"] if restarted else []), *headers]:
         table.add_column(column)
     for r in sorted(rows, key=lambda r: (r.state != State.COMPLETED, r.val_loss)):
         mark = " *" if best is not None and r.trial_id == best.trial_id else ""
@@ -216,6 +218,7 @@ def _print_table(experiment) -> None:
             f"{r.val_loss:.4f}",
             fraction_label(r.ema_fraction),
             f"{r.best_val_loss:.4f}",
+            *([str(r.restarts)] if restarted else []),
             *[value_text(by_key[r.trial_id].get(key, "")) for key in keys],
         )
     Console(width=None if sys.stdout.isatty() else 160).print(table)

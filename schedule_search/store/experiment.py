@@ -18,6 +18,7 @@ after it died.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -103,12 +104,29 @@ class TrialRow:
     curve: list[tuple[int, float, float]] = field(default_factory=list)
     #: The last evaluation's loss of every member of the EMA bank, by metric name.
     bank: dict[str, float] = field(default_factory=dict)
+    #: How many times the trial's run went on from a checkpoint after its workers were lost
+    #: (a worker, a node, the driver): the `resumed` events of its `events.jsonl`.
+    restarts: int = 0
 
     @property
     def family(self) -> str | None:
         """The family the trial searched in (None in a space without families)."""
         family = self.params.get(FAMILY)
         return None if family is None else str(family)
+
+
+def _restarts(events: Path) -> int:
+    """The `resumed` lines of a run's event log (a line cut short by a kill is skipped)."""
+    try:
+        lines = events.read_text().splitlines()
+    except OSError:
+        return 0
+    count = 0
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            count += isinstance(event, dict) and event.get("event") == "resumed"
+    return count
 
 
 def train_run_name(config: dict[str, Any]) -> str:
@@ -226,6 +244,7 @@ class Experiment:
         row.params = records.params
         row.reason = result.get("reason", "")
         row.trial_s = result.get("trial_s", math.nan)
+        row.restarts = _restarts(self.trial_dir(trial_id) / "events.jsonl")
         if row.state == State.STOPPED and "milestone" in result:
             # The searcher was told the trial up to its stop; what it trained after the
             # STOP arrived is not its result (status, export and the journal agree).
@@ -283,6 +302,7 @@ class Experiment:
             "ema_fraction",
             "wall_s",
             "trial_s",
+            "restarts",
         ]
         writer.writerow(columns + params + ["reason"])
         for r in rows:
