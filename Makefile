@@ -54,8 +54,9 @@ report: install
 
 # Every figure of BENCHMARKS.md but the transfer study (`make transfer`: hours on 2 cores), the
 # sweep's answer (`bench/sweep_answer.py`, 26 min), the tinylm search
-# (`bench/search.py --task tinylm`, 22 min) and the search over families
-# (`bench/family_search.py --grid`, about 2 h, then `--study`).
+# (`bench/search.py --task tinylm`, 22 min), the search over families
+# (`bench/family_search.py --grid`, about 2 h, then `--study`) and the soak with random kills
+# (`bench/soak.py`, about 25 min).
 bench: install
 	$(PY) bench/core.py
 	$(PY) bench/windows.py
@@ -65,6 +66,7 @@ bench: install
 	$(PY) bench/sweep_efficiency.py
 	$(PY) bench/linreg_theory.py
 	$(PY) bench/gpu.py
+	$(PY) bench/forecast.py
 
 lint: install
 	$(VENV)/bin/ruff check schedule_search tests bench
