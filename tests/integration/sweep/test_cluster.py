@@ -127,7 +127,7 @@ def test_a_local_sweep_beside_a_started_cluster_runs_on_a_ray_of_its_own(
     assert placement["node_id"] not in cluster_nodes
 
 
-@pytest.mark.cost(90)
+@pytest.mark.cost(80)
 def test_a_node_lost_mid_trial_is_replaced_and_the_trial_ends_as_if_never_killed(tmp_path):
     """SIGKILL of the second node (its raylet and the trial worker on it, as a spot instance
     or an OOM kill of a raylet takes them) while a 2-worker trial trains across both; a new

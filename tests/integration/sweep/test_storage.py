@@ -73,7 +73,7 @@ def resize(mount_point: Path, size: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.cost(45)
+@pytest.mark.cost(80)
 def test_a_full_volume_ends_the_sweep_in_one_line_and_resume_finishes_every_trial(tmp_path):
     space = write_config(tmp_path / "space.yaml", SPACE)
     with tmpfs(tmp_path / "volume", "3m") as volume:
