@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from helpers import write_config
 from processes import kill_session
 
+from schedule_search.core import checkpoint as ckpt
 from schedule_search.store.experiment import Experiment
 
 SPACE = {
@@ -176,3 +179,63 @@ def finish_a_killed_sweep(tmp_path: Path) -> FinishedSweep:
     finally:
         ray.shutdown()
     return FinishedSweep(storage, resumed)
+
+
+def wait_for_a_registered_checkpoint(sweep: subprocess.Popen, experiment: Experiment) -> str:
+    """Wait until the sweep's first trial has evaluated twice with a checkpoint uploaded and
+    registered; return its id. The moment to take its workers away: a kill before Ray Train
+    registers the checkpoint (at its next poll, every 0.5 s here) restarts from scratch,
+    correctly, and a test would show nothing."""
+    deadline = time.monotonic() + 300
+    while True:
+        assert sweep.poll() is None and time.monotonic() < deadline, "no moment to kill at"
+        ids = experiment.trial_ids() if experiment.root.exists() else []
+        history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
+        uploaded = ids and ckpt.checkpoint_folders(experiment.train_run_dir(ids[0]))
+        if history and len(history) >= 2 and uploaded:
+            break
+        time.sleep(0.05)
+    time.sleep(1.0)
+    assert sweep.poll() is None, "the trial ended before its workers could be killed"
+    return ids[0]
+
+
+def assert_ends_as_never_killed(experiment: Experiment, trial_id: str, tmp_path: Path) -> None:
+    """The trial resumed from a checkpoint and ended with the parameters and EMA bank of its
+    own config trained by `train` on two gloo ranks, without Ray, never killed."""
+    events = [json.loads(x) for x in (experiment.trial_dir(trial_id) / "events.jsonl").open()]
+    assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
+    config = experiment.read_trial_json(trial_id, "config.json")["config"]
+    reference = write_config(tmp_path / "trial.yaml", config)
+    straight = tmp_path / "straight"
+    subprocess.run(
+        [*CLI, "train", str(reference), "--workers", "2", "--run-dir", str(straight)],
+        check=True,
+        capture_output=True,
+    )
+    a = ckpt.load_latest(straight / "checkpoints")[1]
+    b = ckpt.load_latest(experiment.train_run_dir(trial_id))[1]
+    assert b["progress"]["status"] == "completed"
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    for fraction, averages in a["ema"]["averages"].items():
+        restarted = b["ema"]["averages"][fraction]
+        assert all(torch.equal(x, y) for x, y in zip(averages, restarted, strict=True))
+
+
+def checkpointed_space(name: str, **base: object) -> dict:
+    """One linreg trial of 2 micro-batch windows to 6x, evaluated (and checkpointed) at every
+    1x: long enough to lose its workers mid-run, and bit-reproducible. `base` adds to its
+    base config (a sharding, say)."""
+    return {
+        "name": name,
+        "samples": 1,
+        "seed": 0,
+        "base": {
+            "task": {"name": "linreg", "dim": 256, "batch": 16},
+            "window": {"policy": "microbatches", "microbatches": 2},
+            "budget": {"horizon": 6.0, "eval_at": [float(m) for m in range(1, 6)]},
+            **base,
+        },
+        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
+        "points_to_evaluate": [{"optimizer.lr": 0.003}],
+    }

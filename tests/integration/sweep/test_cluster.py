@@ -6,16 +6,17 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
-import torch
 import yaml
-from helpers import write_config
 from ray.cluster_utils import Cluster
-from sweeps import CLI
+from sweeps import (
+    CLI,
+    assert_ends_as_never_killed,
+    checkpointed_space,
+    wait_for_a_registered_checkpoint,
+)
 
-from schedule_search.core import checkpoint as ckpt
 from schedule_search.store.experiment import Experiment
 from schedule_search.train.launch import free_port
 
@@ -38,11 +39,10 @@ SPACE = {
 }
 
 
-@pytest.fixture(scope="module")
-def two_node_cluster():
-    # One CPU a node: a trial of two 1-CPU workers needs both. The head declares one trial
-    # slot, as the README's `ray start --head --resources` does. Its dashboard gets a free
-    # port: another test's Ray may hold Ray's default one.
+def two_nodes() -> tuple[Cluster, object]:
+    """A head and a second node (returned), one CPU each: a trial of two 1-CPU workers needs
+    both. The head declares one trial slot, as the README's `ray start --head --resources`
+    does. Its dashboard gets a free port: another test's Ray may hold Ray's default one."""
     head = {
         "num_cpus": 1,
         "resources": {"trial_slot": 1},
@@ -50,8 +50,14 @@ def two_node_cluster():
         "dashboard_port": free_port(),
     }
     cluster = Cluster(initialize_head=True, head_node_args=head)
-    cluster.add_node(num_cpus=1)
+    second = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
+    return cluster, second
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    cluster, _ = two_nodes()
     try:
         yield cluster
     finally:
@@ -133,28 +139,9 @@ def test_a_node_lost_mid_trial_is_replaced_and_the_trial_ends_as_if_never_killed
     or an OOM kill of a raylet takes them) while a 2-worker trial trains across both; a new
     node joins (the resources return). Ray Train restarts the worker group from the last
     checkpoint and the trial ends with the parameters and EMA bank of a run never killed."""
-    head = {
-        "num_cpus": 1,
-        "resources": {"trial_slot": 1},
-        "include_dashboard": True,
-        "dashboard_port": free_port(),
-    }
-    cluster = Cluster(initialize_head=True, head_node_args=head)
+    cluster, second = two_nodes()
     try:
-        second = cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        space = {
-            "name": "lost",
-            "samples": 1,
-            "seed": 0,
-            "base": {
-                "task": {"name": "linreg", "dim": 256, "batch": 16},
-                "window": {"policy": "microbatches", "microbatches": 2},
-                "budget": {"horizon": 6.0, "eval_at": [float(m) for m in range(1, 6)]},
-            },
-            "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
-            "points_to_evaluate": [{"optimizer.lr": 0.003}],
-        }
+        space = checkpointed_space("lost")
         path = tmp_path / "space.yaml"
         path.write_text(yaml.safe_dump(space))
         storage = tmp_path / "shared"
@@ -165,18 +152,8 @@ def test_a_node_lost_mid_trial_is_replaced_and_the_trial_ends_as_if_never_killed
             env={**os.environ, "RAY_ADDRESS": cluster.address},
         )
         experiment = Experiment(storage / "lost")
-        deadline = time.monotonic() + 300
-        while True:
-            assert sweep.poll() is None and time.monotonic() < deadline, "no moment to kill"
-            ids = experiment.trial_ids() if experiment.root.exists() else []
-            history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
-            uploaded = ids and ckpt.checkpoint_folders(experiment.train_run_dir(ids[0]))
-            if history and len(history) >= 2 and uploaded:
-                break
-            time.sleep(0.05)
-        time.sleep(1.0)  # Ray Train registers the uploaded checkpoint at its next poll
-        assert sweep.poll() is None, "the trial ended before its node could be lost"
-        placements = sorted((experiment.trial_dir(ids[0]) / "workers").glob("rank-*.json"))
+        trial = wait_for_a_registered_checkpoint(sweep, experiment)
+        placements = sorted((experiment.trial_dir(trial) / "workers").glob("rank-*.json"))
         nodes = {json.loads(p.read_text())["node_id"] for p in placements}
         assert second.node_id in nodes  # a worker of the trial runs on the node to be lost
         cluster.remove_node(second, allow_graceful=False)  # SIGKILL: raylet, its workers
@@ -185,28 +162,10 @@ def test_a_node_lost_mid_trial_is_replaced_and_the_trial_ends_as_if_never_killed
     finally:
         cluster.shutdown()
 
-    (trial,) = experiment.trial_ids()
     (row,) = experiment.rows()
     assert row.state == "completed" and row.restarts >= 1, row
-    events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
-    assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
     shown = subprocess.run(
         [*CLI, "status", "lost", "--storage", str(storage)], capture_output=True, text=True
     )
     assert shown.returncode == 0 and "restarts" in shown.stdout  # the restart, in the table
-    # The reference: the trial's own config on two gloo ranks, without Ray, never killed.
-    config = experiment.read_trial_json(trial, "config.json")["config"]
-    reference = write_config(tmp_path / "trial.yaml", config)
-    straight = tmp_path / "straight"
-    subprocess.run(
-        [*CLI, "train", str(reference), "--workers", "2", "--run-dir", str(straight)],
-        check=True,
-        capture_output=True,
-    )
-    a = ckpt.load_latest(straight / "checkpoints")[1]
-    b = ckpt.load_latest(experiment.train_run_dir(trial))[1]
-    assert b["progress"]["status"] == "completed"
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    for fraction, averages in a["ema"]["averages"].items():
-        restarted = b["ema"]["averages"][fraction]
-        assert all(torch.equal(x, y) for x, y in zip(averages, restarted, strict=True))
+    assert_ends_as_never_killed(experiment, trial, tmp_path)

@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import write_config
 from processes import kill_session
-from sweeps import CLI
+from sweeps import (
+    CLI,
+    assert_ends_as_never_killed,
+    checkpointed_space,
+    wait_for_a_registered_checkpoint,
+)
 
-from schedule_search.core import checkpoint as ckpt
 from schedule_search.recipe import load_recipe
 from schedule_search.store.experiment import Experiment
 
@@ -80,19 +83,7 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     checkpoint into its shards and ends where the same config trained without a kill (and
     without Ray: `train --workers 2`) ends; the sweep exports a recipe that records the
     sharding."""
-    space = {
-        "name": "w",
-        "samples": 1,
-        "seed": 0,
-        "base": {
-            "task": {"name": "linreg", "dim": 256, "batch": 16},
-            "window": {"policy": "microbatches", "microbatches": 2},
-            "budget": {"horizon": 6.0, "eval_at": [float(m) for m in range(1, 6)]},
-            "sharding": "fsdp",
-        },
-        "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
-        "points_to_evaluate": [{"optimizer.lr": 0.003}],
-    }
+    space = checkpointed_space("w", sharding="fsdp")
     path = write_config(tmp_path / "space.yaml", space)
     command = [*CLI, "sweep", str(path), "--workers", "2"]
     sweep = subprocess.Popen(
@@ -101,47 +92,15 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
         stderr=subprocess.DEVNULL,
     )
     experiment = Experiment(tmp_path / "b" / "w")
-    deadline = time.monotonic() + 300
-    while True:
-        assert sweep.poll() is None and time.monotonic() < deadline, "no moment to kill a worker"
-        ids = experiment.trial_ids() if experiment.root.exists() else []
-        history = experiment.read_trial_json(ids[0], "metrics.json") if ids else None
-        uploaded = ids and ckpt.checkpoint_folders(experiment.train_run_dir(ids[0]))
-        if history and len(history) >= 2 and uploaded:
-            break
-        time.sleep(0.05)
-    # Ray Train registers an uploaded checkpoint at its next poll (every 0.5 s here); a kill
-    # before that restarts from scratch, correctly, and the test would show nothing.
-    time.sleep(1.0)
-    assert sweep.poll() is None, "the trial ended before a worker could be killed"
+    trial = wait_for_a_registered_checkpoint(sweep, experiment)
     # This trial's workers, as each recorded itself (`pgrep` would also find the workers of
     # another test's Ray running beside this one).
-    placements = sorted((experiment.trial_dir(ids[0]) / "workers").glob("rank-*.json"))
+    placements = sorted((experiment.trial_dir(trial) / "workers").glob("rank-*.json"))
     pids = [json.loads(p.read_text())["pid"] for p in placements]
     assert len(pids) == 2 and all(Path(f"/proc/{pid}").exists() for pid in pids)
     os.kill(pids[-1], signal.SIGKILL)
     assert sweep.wait(timeout=300) == 0
-
-    # The reference: the trial's own config, trained by `train` on two gloo ranks, never killed.
-    trial_config = experiment.read_trial_json(experiment.trial_ids()[0], "config.json")["config"]
-    reference = write_config(tmp_path / "trial.yaml", trial_config)
-    straight = tmp_path / "straight"
-    subprocess.run(
-        [*CLI, "train", str(reference), "--workers", "2", "--run-dir", str(straight)],
-        check=True,
-        capture_output=True,
-    )
-    a = ckpt.load_latest(straight / "checkpoints")[1]
-    b = ckpt.load_latest(experiment.train_run_dir(experiment.trial_ids()[0]))[1]
-    assert b["progress"]["status"] == "completed"
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    trial = experiment.trial_ids()[0]
-    events = [json.loads(x) for x in (experiment.trial_dir(trial) / "events.jsonl").open()]
-    assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
-    for frac, averages in a["ema"]["averages"].items():
-        assert all(
-            torch.equal(x, y) for x, y in zip(averages, b["ema"]["averages"][frac], strict=True)
-        )
+    assert_ends_as_never_killed(experiment, trial, tmp_path)
     recipe = tmp_path / "best.yaml"
     subprocess.run(
         [*CLI, "export", "w", "--storage", str(tmp_path / "b"), "-o", str(recipe)], check=True
