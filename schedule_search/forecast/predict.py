@@ -60,23 +60,24 @@ class Forecast:
     rows: dict[str, dict[float, Cell]]
 
 
-def sweep_curves(experiment: Experiment, measure: str) -> dict[str, list[Curve]]:
-    """Every trial's evaluations as curves, grouped by optimizer name; `measure` is RAW (the
-    raw weights) or OBJECTIVE (the objective the sweep ranks by). Diverged or corrupt trials
-    and non-finite losses are left out; a trial ASHA stopped contributes what it measured."""
-    groups: dict[str, list[Curve]] = {}
+def sweep_curves(experiment: Experiment) -> dict[tuple[str, str], list[Curve]]:
+    """Every trial's evaluations as curves, keyed by (optimizer name, measure): RAW (the raw
+    weights' losses) or OBJECTIVE (the objective the sweep ranks by). Corrupt trials and
+    non-finite losses are left out; a trial ASHA stopped contributes what it measured."""
+    groups: dict[tuple[str, str], list[Curve]] = {}
     for trial_id in experiment.trial_ids():
         records = read_records(experiment.trial_dir(trial_id))
         if records.problem or "config" not in records.config:
             continue
-        points = {
-            e.chinchilla: e.loss_at(0.0) if measure == RAW else e.val_loss for e in records.history
-        }
-        points = {t: loss for t, loss in points.items() if math.isfinite(loss)}
-        if not points:
-            continue
         run, optimizer = _run_of(records.config["config"])
-        groups.setdefault(optimizer, []).append(Curve(run, points))
+        for measure in (RAW, OBJECTIVE):
+            points = {
+                e.chinchilla: e.loss_at(0.0) if measure == RAW else e.val_loss
+                for e in records.history
+            }
+            points = {t: loss for t, loss in points.items() if math.isfinite(loss)}
+            if points:
+                groups.setdefault((optimizer, measure), []).append(Curve(run, points))
     return groups
 
 
@@ -138,16 +139,19 @@ def forecast_sweep(
     linear-to-zero envelopes at each horizon's best LR, as the transfer trains them."""
     config = read_records(experiment.trial_dir(recipe_trial)).config["config"]
     recipe, optimizer = _run_of(config)
-    laws: dict[str, LawFit] = {}
-    for measure in (OBJECTIVE, RAW):
-        groups = sweep_curves(experiment, measure)
-        for name in {optimizer, "adamw"}:
-            laws[f"{name}/{measure}"] = fit_group(
-                groups.get(name, []), f"{experiment.root}: {name} ({measure})"
-            )
+    curves = sweep_curves(experiment)
+    # The recipe's own optimizer by its objective; AdamW's for constant + EMA (objective) and
+    # the envelopes (raw weights).
+    needed = sorted({(optimizer, OBJECTIVE), ("adamw", OBJECTIVE), ("adamw", RAW)})
+    laws = {
+        f"{name}/{measure}": fit_group(
+            curves.get((name, measure), []), f"{experiment.root}: {name} ({measure})"
+        )
+        for name, measure in needed
+    }
     swept = [c.run.lr for c in laws[f"adamw/{RAW}"].curves]
     lrs = np.geomspace(min(swept) / 4, max(swept) * 4, LR_GRID)
-    constant = with_schedule(Run(recipe.lr, recipe.schedule, recipe.microbatches), kind="constant")
+    constant = with_schedule(recipe, kind="constant")
     rows: dict[str, dict[float, Cell]] = {}
     for horizon in horizons:
         for label, fit, predict in (
