@@ -290,21 +290,14 @@ def forecast(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from schedule_search.core.config import ConfigError
     from schedule_search.forecast import forecast_sweep, write_forecast
-    from schedule_search.recipe import load_recipe
+    from schedule_search.recipe.export import exported_trial
     from schedule_search.store.experiment import Experiment
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
     horizon = _horizon(experiment)
-    exported = experiment.root / "recipe.yaml"
-    if exported.is_file():
-        recipe_trial = load_recipe(exported).spec.source["trial_id"]
-    elif (best := experiment.best(horizon)) is not None:
-        recipe_trial = best.trial_id
-    else:
-        raise ConfigError(f"forecast: {experiment.root}: no trial reached {horizon:g}x yet")
+    recipe_trial, _ = exported_trial(experiment)
     horizons = [horizon, *(h for h in (args.to or [8.0, 16.0, 32.0]) if h > horizon)]
     predicted = forecast_sweep(experiment, recipe_trial, horizons)
     table = Table(title=f"{experiment.root.name}: forecast (10th-90th percentile)")

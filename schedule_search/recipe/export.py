@@ -7,13 +7,27 @@ from dataclasses import replace
 from pathlib import Path
 
 from schedule_search.core.config import ConfigError, parse
-from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, write_recipe
+from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, load_recipe, write_recipe
 from schedule_search.store.experiment import Experiment, TrialRow
-from schedule_search.store.facts import SweepFacts
+from schedule_search.store.facts import SweepFacts, read_facts
 from schedule_search.store.records import read_records
 from schedule_search.train.config import TrainConfig
 
-__all__ = ["export_best"]
+__all__ = ["export_best", "exported_trial"]
+
+
+def exported_trial(experiment: Experiment) -> tuple[str, float]:
+    """The trial the sweep exported as its recipe (`recipe.yaml`), or the one `export` would
+    pick, and the EMA fraction the recipe evaluates with."""
+    exported = experiment.root / "recipe.yaml"
+    if exported.is_file():
+        spec = load_recipe(exported).spec
+        return spec.source["trial_id"], float(spec.ema.objective)
+    horizon = read_facts(experiment.root).horizon
+    best = experiment.best(horizon)
+    if best is None:
+        raise ConfigError(f"{experiment.root}: no trial has reached the {horizon:g}x horizon yet")
+    return best.trial_id, float(best.ema_fraction)
 
 
 def export_best(

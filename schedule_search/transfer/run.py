@@ -24,7 +24,7 @@ from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import ConfigError, parse, to_dict
 from schedule_search.core.files import atomic_write_text
 from schedule_search.core.states import KEPT
-from schedule_search.recipe import load_recipe
+from schedule_search.recipe.export import exported_trial
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import read_facts
 from schedule_search.store.records import read_records
@@ -48,18 +48,7 @@ __all__ = [
 def recipe_config(sweep: Experiment) -> tuple[TrainConfig, str, float]:
     """The full training config of the trial the sweep exported (or would export), its id,
     and the EMA fraction the recipe evaluates with."""
-    recipe_path = sweep.root / "recipe.yaml"
-    horizon = read_facts(sweep.root).horizon
-    if recipe_path.is_file():
-        spec = load_recipe(recipe_path).spec
-        trial_id, fraction = spec.source["trial_id"], float(spec.ema.objective)
-    else:
-        best = sweep.best(horizon)
-        if best is None:
-            raise ConfigError(
-                f"{sweep.root}: no trial has reached the horizon; nothing to transfer"
-            )
-        trial_id, fraction = best.trial_id, float(best.ema_fraction)
+    trial_id, fraction = exported_trial(sweep)
     record = sweep.read_trial_json(trial_id, "config.json")
     if record is None:
         raise ConfigError(f"{sweep.root}: trial {trial_id} of the recipe has no config.json")
