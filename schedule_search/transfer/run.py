@@ -203,7 +203,10 @@ def _run_rounds(
                 phase,
                 settings,
                 PlannedRuns(pending),
-                tune.TuneConfig(max_concurrent_trials=settings.concurrency),
+                tune.TuneConfig(
+                    max_concurrent_trials=settings.concurrency,
+                    reuse_actors=settings.in_process,
+                ),
                 {"run": tune.grid_search(names)},
                 _live_view({n: study.span(pending[n]) for n in names}),
                 resume and phase.tune_dir.exists(),

@@ -103,14 +103,15 @@ def test_small_transfer_on_linreg(tmp_path):
 
     while True:
         assert driver.poll() is None and time.monotonic() < deadline
-        if the_moment(states()):
-            # Frozen while the records are read, so the run seen pending cannot evaluate
-            # between the look and the kill (Ray's workers outlive a killpg of the driver).
+        if "completed" in states().values():
+            # The records are read with the whole session frozen, so the run seen pending
+            # cannot evaluate between the look and the kill: runs this small are pending for
+            # a fraction of a second (Ray's workers outlive a killpg of the driver).
             with frozen(driver.pid):
                 if the_moment(at_kill := states()):
                     kill_session(driver.pid)
                     break
-        time.sleep(0.05)
+        time.sleep(0.01)
     driver.wait()
     finished = {
         t: first.read_trial_json(t, "result.json")
