@@ -6,6 +6,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import socket
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,11 +59,13 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
     group on this machine; their return values, by rank. A rank that raises fails the call
     (`torch.multiprocessing.ProcessRaisedException`, with that rank's traceback)."""
     context = mp.get_context("spawn")
-    with context.Manager() as manager:
+    # The ranks meet through a file, not a TCP port: a port probed free here can be taken by
+    # another process before rank 0 listens on it (seen as EADDRINUSE beside Ray's nodes).
+    with context.Manager() as manager, tempfile.TemporaryDirectory() as folder:
         results = manager.dict()
         mp.spawn(
             _rank,
-            args=(world_size, free_port(), fn, args, results),
+            args=(world_size, f"file://{folder}/rendezvous", fn, args, results),
             nprocs=world_size,
             join=True,
         )
@@ -70,12 +73,15 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
 
 
 def _rank(
-    rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, results: Any
+    rank: int,
+    world_size: int,
+    rendezvous: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    results: Any,
 ) -> None:
     faulthandler.enable()  # a native abort in a rank prints that rank's Python stack
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
     try:
         results[rank] = fn(rank, world_size, *args)
         _leave_together()
@@ -89,7 +95,7 @@ def _leave_together() -> None:
     Gloo can abort a peer whose last messages are still queued when a process destroys its
     group right after a barrier (pytorch/gloo#155; seen once in CI as a SIGABRT in rank 1 at
     the end of a run). The store is not a gloo pair, so this handshake has nothing in flight
-    to lose; rank 0 hosts the store, so it leaves last.
+    to lose; rank 0 leaves last (under torchrun it hosts the TCP store).
     """
     store = dist.distributed_c10d._get_default_store()
     rank, world_size = dist.get_rank(), dist.get_world_size()
