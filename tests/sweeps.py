@@ -21,7 +21,7 @@ from schedule_search.store.experiment import Experiment
 
 SPACE = {
     "name": "lin",
-    "samples": 6,
+    "samples": 4,
     "seed": 0,
     "startup_trials": 2,  # TPE itself (not its random start-up) proposes the later trials
     "base": {
@@ -142,7 +142,7 @@ def start_and_kill(space: Path, storage: Path, moment: str, *flags: str) -> str:
 def SHARES_THE_FINISHED_SWEEP(test):
     """The marks of tests that use the `finished_sweep` fixture: pytest-xdist (`--dist
     loadgroup`) runs them in one worker, so the sweep is made once; each carries a share of the
-    sweep's ~210 s (their group's cost orders it among the slow tests)."""
+    sweep's ~115 s (their group's cost orders it among the slow tests)."""
     return pytest.mark.cost(25)(pytest.mark.xdist_group("finished_sweep")(test))
 
 

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from sweeps import CLI, SHARES_THE_FINISHED_SWEEP
+from sweeps import SHARES_THE_FINISHED_SWEEP
 
+from schedule_search.cli import main
 from schedule_search.store.experiment import FORMAT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -52,7 +53,7 @@ def test_status_export_and_report_run_where_ray_cannot_be_imported(finished_swee
 
 
 @SHARES_THE_FINISHED_SWEEP
-def test_a_folder_of_another_format_is_refused_in_one_line(finished_sweep, tmp_path):
+def test_a_folder_of_another_format_is_refused_in_one_line(finished_sweep, tmp_path, capsys):
     storage, experiment = finished_sweep.copy_to(tmp_path)
     settings = experiment.root / "sweep.json"
     recorded = json.loads(settings.read_text())
@@ -65,14 +66,10 @@ def test_a_folder_of_another_format_is_refused_in_one_line(finished_sweep, tmp_p
         settings.write_text(json.dumps(changed))
         before[settings] = settings.stat().st_mtime_ns
         for verb in ("status", "export", "report", "resume", "transfer"):
-            done = subprocess.run(
-                [*CLI, verb, finished_sweep.name, "--storage", str(storage)],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            lines = done.stderr.strip().splitlines()
-            assert done.returncode == 2 and len(lines) == 1, (verb, done.stderr[-2000:])
+            code = main([verb, finished_sweep.name, "--storage", str(storage)])
+            err = capsys.readouterr().err
+            lines = err.strip().splitlines()
+            assert code == 2 and len(lines) == 1, (verb, err[-2000:])
             assert f"format {shown}" in lines[0] and f"reads format {FORMAT}" in lines[0], lines
     after = {p: p.stat().st_mtime_ns for p in experiment.root.rglob("*") if p.is_file()}
     assert after == before  # nothing written, nothing launched

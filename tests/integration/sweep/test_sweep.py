@@ -38,7 +38,7 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(
     assert status and all("| best " in line and "ETA" in line for line in status[1:]), status
     assert "0 running" in status[-1] and "0 waiting" in status[-1], status[-1]
     rows = experiment.rows()
-    assert len(rows) == 6
+    assert len(rows) == SPACE["samples"]
     assert all(r.state in ("completed", "stopped") for r in rows), [
         (r.state, r.reason) for r in rows
     ]
