@@ -21,7 +21,7 @@ from schedule_search.core.config import ConfigError
 from schedule_search.core.interrupts import Interrupted, graceful_stop, quiet
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import read_facts
-from schedule_search.sweep.failures import FailFast, raise_if_trials_cannot_run
+from schedule_search.sweep.failures import FailFast, TrialsFailed, raise_if_trials_cannot_run
 from schedule_search.sweep.live_view import LiveView
 from schedule_search.sweep.optuna_study import write_optuna_mirror
 from schedule_search.sweep.ray_env import ray_session, trial_driver_resources
@@ -29,6 +29,7 @@ from schedule_search.sweep.recorder import TrialRecorder
 from schedule_search.sweep.searcher import scheduler, searcher
 from schedule_search.sweep.space import load_space, trial_config
 from schedule_search.sweep.trial import SpaceTrials, run_trial
+from schedule_search.sweep.tune_storage import tune_filesystem
 from schedule_search.train.config import TrainConfig
 
 __all__ = ["run_tune", "sweep"]
@@ -49,15 +50,20 @@ def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False)
         reuse_actors=settings.in_process,  # see `SweepSettings.in_process`
     )
     resolve = SpaceTrials(space, str(experiment.root / "space.yaml"))
+    if resume:
+        _known_trial_ids(experiment)  # damaged Tune state is refused before Ray starts
     experiment.log_driver("started", resume=resume)
     with ray_session(settings, trial_config(space, {}).task, experiment.root):
         live_view = LiveView(
             settings.samples, settings.samples * horizon, lambda params: (0.0, horizon)
         )
         run_tune(experiment, settings, resolve, tune_config, None, live_view, resume)
-    experiment.log_driver("ended")
-    experiment.write_table()
-    write_optuna_mirror(experiment, space)
+    try:
+        experiment.log_driver("ended")
+        experiment.write_table()
+        write_optuna_mirror(experiment, space)
+    except OSError as err:  # a full or read-only volume, which may also be why Tune ended
+        raise TrialsFailed(f"the experiment folder cannot be written: {err}") from None
 
 
 def _known_trial_ids(experiment: Experiment) -> set[str]:
@@ -106,7 +112,8 @@ def run_tune(
         run_trial, settings=settings, resolve=resolve, root=str(experiment.root)
     )
     driver = tune.with_resources(driver, trial_driver_resources(settings))
-    if resume and tune.Tuner.can_restore(str(experiment.tune_dir)):
+    filesystem = tune_filesystem()
+    if resume and tune.Tuner.can_restore(str(experiment.tune_dir), filesystem):
         known = _known_trial_ids(experiment)  # a damaged snapshot is refused either way
         orphans = experiment.reconcile(known) if set_aside_orphans else []
         if orphans:
@@ -121,6 +128,7 @@ def run_tune(
             trainable=driver,
             resume_unfinished=True,
             resume_errored=True,
+            storage_filesystem=filesystem,
         )
     else:
         fail_fast = FailFast()
@@ -131,6 +139,7 @@ def run_tune(
             run_config=tune.RunConfig(
                 name=experiment.tune_dir.name,
                 storage_path=str(experiment.root),
+                storage_filesystem=filesystem,
                 failure_config=tune.FailureConfig(max_failures=settings.max_failures),
                 callbacks=[TrialRecorder(live_view, fail_fast)],
                 stop=fail_fast,

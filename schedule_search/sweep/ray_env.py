@@ -43,6 +43,10 @@ DRIVER_ENVIRONMENT = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # reports are not delayed by 2 s polls
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_CHDIR_TO_TRIAL_DIR": "0",  # trials keep the driver's working directory
+    # A failed trial's cause is in its record and Tune's error file; without this, the tasks
+    # Tune abandons when a sweep ends (a full volume) print their tracebacks again, around
+    # the one line the CLI ends with.
+    "RAY_IGNORE_UNHANDLED_ERRORS": "1",
 }
 #: The variables Ray reads its authentication from: the mode, then the token itself or the
 #: file holding it (Ray's order; the third place is ~/.ray/auth_token).

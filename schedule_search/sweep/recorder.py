@@ -82,7 +82,11 @@ class TrialRecorder(tune.Callback):
             record["milestone"] = result["milestone"]
         if started is not None:  # seconds this driver saw the trial run (this attempt)
             record["trial_s"] = time.monotonic() - started
-        experiment.write_trial_json(trial_id, "result.json", record | (extra or {}))
+        try:
+            experiment.write_trial_json(trial_id, "result.json", record | (extra or {}))
+        except OSError as err:  # a full or read-only volume: no trial can record its end
+            self.fail_fast.stop(f"trial {trial_id}'s end could not be recorded: {err}")
+            return
         self.live_view.finished(
             trial_id, trial.config, state, reason if state == State.ERROR else ""
         )

@@ -1,10 +1,13 @@
-"""Storage that fills: a sweep whose folder lies on a small tmpfs meets a real ENOSPC when its
-trials write their first checkpoint, ends in one line, and a `resume` once the volume has room
-finishes every trial, the ones that were running when the sweep ended included."""
+"""Storage that fills: a sweep whose folder lies on a small tmpfs that fills up while its
+trials train (after their first checkpoints) meets a real ENOSPC on its next writes, ends in
+one line naming the path, keeps every record and Tune's last whole snapshot, and a `resume`
+once the volume has room finishes every trial, the ones running when the sweep ended
+included, each evaluation once."""
 
 import contextlib
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,14 +16,14 @@ import pytest
 from helpers import write_config
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
-from sweeps import cli
+from sweeps import CLI, cli
 
 from schedule_search.store.experiment import Experiment
 
 EVAL_AT = [5e-5, 1e-4, 1.5e-4]
 HORIZON = 2e-4
 #: A 200,000-dimensional linreg: a checkpoint of its weights, momentum and EMAs is several
-#: MB, its records a few kB; a 3 MB volume holds the records and not one checkpoint.
+#: MB, so writes are still going on when the volume is filled after the first evaluation.
 SPACE = {
     "name": "full",
     "samples": 2,
@@ -67,36 +70,43 @@ def filled(volume: Path) -> Iterator[None]:
         filler.unlink()
 
 
-def resize(mount_point: Path, size: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(mount_point)], check=True)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.cost(80)
-def test_a_full_volume_ends_the_sweep_in_one_line_and_resume_finishes_every_trial(tmp_path):
+def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finishes(tmp_path):
     space = write_config(tmp_path / "space.yaml", SPACE)
-    with tmpfs(tmp_path / "volume", "3m") as volume:
+    with tmpfs(tmp_path / "volume", "64m") as volume:
         storage = volume / "runs"
-        ended = cli("sweep", str(space), "--workers", "1", "--storage", str(storage))
-        assert ended.returncode == 1, ended.stderr[-3000:]
-        last = ended.stderr.strip().splitlines()[-1]
-        assert last.startswith("sweep ended: trials cannot start: OSError: [Errno 28]"), last
-        assert f"'{storage}/full/" in last  # the file that could not be written
-
         experiment = Experiment(storage / "full")
-        states = {row.trial_id: row.state for row in experiment.rows()}
-        assert len(states) == 2 and "error" in states.values(), states
-        with filled(volume):  # not a byte left: `status` reads the records, shows the table
+        sweep = subprocess.Popen(
+            [*CLI, "sweep", str(space), "--workers", "1", "--storage", str(storage)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        while not list(experiment.root.glob("trials/*/metrics.json")):
+            assert sweep.poll() is None and time.monotonic() < deadline, "no evaluation"
+            time.sleep(0.02)
+        with filled(volume):  # not a byte left, mid-run
+            _, err = sweep.communicate(timeout=300)
+            assert sweep.returncode == 1, err[-3000:]
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("sweep ended: "), err[-3000:]
+            assert "[Errno 28] No space left on device" in lines[0]
+            assert f"'{storage}/full/" in lines[0]  # the file that could not be written
+            states = {row.trial_id: row.state for row in experiment.rows()}
+            assert len(states) == 2, states
+            # `status` reads the records and shows the table.
             shown = cli("status", "full", "--storage", str(storage))
         assert shown.returncode == 0, shown.stderr[-3000:]
         assert all(trial_id in shown.stdout for trial_id in states)
         assert "table not written: [Errno 28] No space left on device" in shown.stdout
-        resize(volume, "64m")
         resumed = cli("resume", "full", "--storage", str(storage))
         assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-        # Every trial, the one that failed and the one the sweep stopped, ran to its end once.
+        # Every trial, the one whose write failed and the one the sweep stopped, ran to its
+        # end, each evaluation once.
         rows = experiment.rows()
         assert {row.trial_id for row in rows} == set(states)
         assert all(row.state == "completed" for row in rows), [(r.state, r.reason) for r in rows]

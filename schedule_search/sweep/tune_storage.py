@@ -1,0 +1,104 @@
+"""The filesystem Tune keeps a sweep's state on: the local one, with whole-file writes.
+
+Tune snapshots its experiment state (every second here) into a staging folder and copies it
+to the experiment folder with pyarrow, which writes the copy in place. A volume that fills
+during that copy left a truncated `experiment_state-*.json`, the file a `resume` restores
+from, and the sweep could not be resumed once space was freed. Through this filesystem, a
+file Tune writes replaces the old one only once it is whole (a temporary file and a rename,
+as every record of ours is written): a failed snapshot leaves the previous one.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pyarrow
+import pyarrow.fs as pafs
+
+from schedule_search.core.files import atomic_write_bytes
+
+__all__ = ["WholeFileLocalFileSystem", "tune_filesystem"]
+
+
+class _WrittenOnClose(io.BytesIO):
+    """What pyarrow writes, held until it closes the stream, then written whole."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._path = Path(path)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        data = self.getvalue()
+        super().close()
+        atomic_write_bytes(self._path, data)
+
+
+class WholeFileLocalFileSystem(pafs.FileSystemHandler):
+    """pyarrow's local filesystem, except that output streams write whole files."""
+
+    def __init__(self) -> None:
+        self._local = pafs.LocalFileSystem()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WholeFileLocalFileSystem)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def get_type_name(self) -> str:
+        return "whole-file-local"
+
+    def normalize_path(self, path: str) -> str:
+        return self._local.normalize_path(path)
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return self._local.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return self._local.get_file_info(selector)
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self._local.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self._local.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self._local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        raise OSError("refusing to delete the contents of the root folder")
+
+    def delete_file(self, path: str) -> None:
+        self._local.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self._local.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        with self._local.open_input_stream(src) as source:
+            atomic_write_bytes(Path(dest), source.read())
+
+    def open_input_stream(self, path: str) -> Any:
+        return self._local.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self._local.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata: Any) -> Any:
+        return pyarrow.PythonFile(_WrittenOnClose(path), mode="w")
+
+    def open_append_stream(self, path: str, metadata: Any) -> Any:
+        return self._local.open_append_stream(path)
+
+
+def tune_filesystem() -> pafs.FileSystem:
+    """The `storage_filesystem` for Tune's runs and restores."""
+    return pafs.PyFileSystem(WholeFileLocalFileSystem())
