@@ -145,7 +145,8 @@ def _add_sweep(verbs) -> None:
         "--concurrency",
         type=_positive_int,
         default=None,
-        help="trials at once (default: CPUs // (workers x CPUs per worker))",
+        help="trials at once (default: as many as this machine's CPUs and GPUs hold, or those of "
+        "the cluster at --address)",
     )
     sweep.add_argument(
         "--horizon",

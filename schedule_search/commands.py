@@ -101,10 +101,10 @@ def sweep(args: argparse.Namespace) -> int:
             f"{experiment.root}: experiment exists; `{_again('resume', name, args.storage)}` "
             "continues it"
         )
-    settings = _settings(args, data, name)
+    settings, has = _settings(args, data, name)
     for sharding in shardings(space):
         check_workers(sharding, settings.workers, str(args.space))
-    check_resources(settings)  # before anything is written: a trial that cannot fit waits forever
+    check_resources(settings, has)  # before any write: a trial that cannot fit waits forever
     with experiment_lock(experiment.root, "sweep"):
         if (experiment.root / "sweep.json").exists():  # another sweep got here first
             raise ConfigError(f"{experiment.root}: experiment exists")
@@ -115,19 +115,26 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace, data: dict, name: str):
-    """How the sweep launches (saved in sweep.json so `resume` launches it the same way)."""
-    from schedule_search.store.experiment import SweepSettings
+    """How the sweep launches (saved in sweep.json so `resume` launches it the same way), and
+    the CPUs and GPUs of the machine or cluster it launches on."""
+    import dataclasses
 
-    cpus = os.cpu_count() or 1
-    return SweepSettings(
+    from schedule_search.store.experiment import SweepSettings
+    from schedule_search.sweep.resources import available, default_concurrency
+
+    settings = SweepSettings(
         name=name,
         samples=int(data.get("samples", 8)),
         workers=args.workers,
-        concurrency=args.concurrency or max(1, int(cpus // args.workers)),
+        concurrency=args.concurrency or 1,
         gpus_per_worker=args.gpus_per_worker,
         address=args.address or os.environ.get("RAY_ADDRESS"),
         max_failures=args.max_failures,
     )
+    has = available(settings.address)
+    if args.concurrency is None:
+        settings = dataclasses.replace(settings, concurrency=default_concurrency(settings, has))
+    return settings, has
 
 
 def _run(settings, experiment, storage: Path | None, resume: bool) -> int:

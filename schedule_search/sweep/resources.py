@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from schedule_search.core.config import ConfigError
 from schedule_search.store.experiment import SweepSettings
 
-__all__ = ["available", "check_resources", "trial_needs"]
+__all__ = ["available", "check_resources", "default_concurrency", "trial_needs"]
 
 
 def trial_needs(settings: SweepSettings) -> dict[str, float]:
@@ -73,10 +73,20 @@ def _refused(address: str, err: Exception) -> str:
     )
 
 
-def check_resources(settings: SweepSettings) -> None:
+def default_concurrency(settings: SweepSettings, has: dict[str, float]) -> int:
+    """Trials at once where `--concurrency` is not given: as many as the CPUs (and, for GPU
+    workers, the GPUs) that `has` counts hold, at least one. On a cluster `has` is the
+    cluster's, not the machine the CLI runs on (a laptop or a small head node)."""
+    needs = trial_needs(settings)
+    fits = [has[kind] // needs[kind] for kind in ("CPU", "GPU") if needs[kind] > 0]
+    return max(1, int(min(fits)))
+
+
+def check_resources(settings: SweepSettings, has: dict[str, float] | None = None) -> None:
     """A ConfigError (one line: what is asked, what exists) when one trial cannot fit: it
-    would wait for workers forever."""
-    needs, has = trial_needs(settings), available(settings.address)
+    would wait for workers forever. `has`: what `available` found, if already asked."""
+    needs = trial_needs(settings)
+    has = has if has is not None else available(settings.address)
     where = f"the cluster at {settings.address}" if settings.address else "this machine"
     for kind, flag, per_worker in (
         ("CPU", "--workers", settings.cpus_per_worker),

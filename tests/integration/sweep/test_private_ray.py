@@ -252,7 +252,7 @@ def token_cluster(tmp_path):
             "start",
             "--head",
             f"--port={port}",
-            "--num-cpus=1",
+            "--num-cpus=3",  # more than this machine has: the default concurrency counts these
             '--resources={"trial_slot": 1}',
             f"--dashboard-port={free_port()}",
         ],
@@ -299,4 +299,5 @@ def test_a_cluster_in_token_mode_is_joined_with_its_token_or_refused_in_one_line
     assert done.returncode == 0, done.stderr[-3000:]
     settings = json.loads((storage / SPACE["name"] / "sweep.json").read_text())
     assert settings["address"] == address
+    assert settings["concurrency"] == 3  # the cluster's CPUs // 1 worker, not this machine's
     assert not (storage / SPACE["name"] / TOKEN_FILE).exists()  # the cluster's token is its own
