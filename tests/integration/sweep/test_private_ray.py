@@ -113,10 +113,41 @@ def machine_address() -> str:
     return get_node_ip_address()
 
 
+#: linreg that sleeps between micro-batches: a trial that keeps its workers (and their
+#: sockets) up while the test probes its Ray, at a few percent of a CPU instead of two CPUs.
+RESTING_TASK = """
+import time
+
+from schedule_search.tasks.linreg import build
+
+
+class Resting:
+    def __init__(self, task):
+        self.task = task
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def microbatch(self, index, rank, world_size):
+        time.sleep(0.05)
+        return self.task.microbatch(index, rank, world_size)
+
+
+def make(seed, **options):
+    return Resting(build(options, seed=seed))
+"""
+
+
 @pytest.mark.cost(70)
 def test_a_sweeps_local_ray_refuses_every_client_without_its_token(tmp_path):
     # One long trial: Ray is inspected while it trains, then the whole session is killed.
-    base = SPACE["base"] | {"budget": {"horizon": 20000.0, "eval_at": [0.5]}}
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "resting.py").write_text(RESTING_TASK)
+    base = SPACE["base"] | {
+        "task": SPACE["base"]["task"] | {"name": "resting:make"},
+        "budget": {"horizon": 20000.0, "eval_at": [0.5]},
+    }
     space = write_space(tmp_path, samples=1, scheduler="fifo", base=base)
     storage = tmp_path / "runs"
     log = tmp_path / "sweep.log"
@@ -126,6 +157,7 @@ def test_a_sweeps_local_ray_refuses_every_client_without_its_token(tmp_path):
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=os.environ | {"PYTHONPATH": str(code)},
         )
     try:
         experiment = storage / SPACE["name"]
