@@ -18,7 +18,6 @@ after it died.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import io
@@ -31,7 +30,7 @@ from typing import Any
 
 from schedule_search.core.averaging import loss_key
 from schedule_search.core.config import ConfigError
-from schedule_search.core.files import append_jsonl, atomic_write_text
+from schedule_search.core.files import append_jsonl, atomic_write_text, read_jsonl
 from schedule_search.core.states import State
 from schedule_search.store.records import read_records
 
@@ -118,16 +117,7 @@ class TrialRow:
 
 def _restarts(events: Path) -> int:
     """The `resumed` lines of a run's event log (a line cut short by a kill is skipped)."""
-    try:
-        lines = events.read_text().splitlines()
-    except OSError:
-        return 0
-    count = 0
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            count += isinstance(event, dict) and event.get("event") == "resumed"
-    return count
+    return len(read_jsonl(events, lambda event: event.get("event") == "resumed"))
 
 
 def train_run_name(config: dict[str, Any]) -> str:
