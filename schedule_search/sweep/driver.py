@@ -32,7 +32,7 @@ from schedule_search.sweep.trial import SpaceTrials, run_trial
 from schedule_search.sweep.tune_storage import tune_filesystem
 from schedule_search.train.config import TrainConfig
 
-__all__ = ["run_tune", "sweep"]
+__all__ = ["restore_tuner", "run_tune", "sweep"]
 
 
 def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False) -> None:
@@ -91,6 +91,22 @@ def _known_trial_ids(experiment: Experiment) -> set[str]:
     return known
 
 
+def restore_tuner(experiment: Experiment, trainable: Any) -> tune.Tuner:
+    """Tune's snapshot of `experiment` restored to continue: unfinished and errored trials run
+    again. Quiet, because restoring reads every trial's results, and a trial killed after Tune
+    saw its first report but before its result files were written whole (`tune_storage`)
+    has none yet, which Tune logs as a failure to fetch its metrics: noise, not a failure (the
+    trial's own records are what the sweep reads)."""
+    with quiet("ray.tune"):
+        return tune.Tuner.restore(
+            str(experiment.tune_dir),
+            trainable=trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            storage_filesystem=tune_filesystem(),
+        )
+
+
 def run_tune(
     experiment: Experiment,
     settings: SweepSettings,
@@ -123,13 +139,7 @@ def run_tune(
                 "their config is suggested again)",
                 flush=True,
             )
-        tuner = tune.Tuner.restore(
-            str(experiment.tune_dir),
-            trainable=driver,
-            resume_unfinished=True,
-            resume_errored=True,
-            storage_filesystem=filesystem,
-        )
+        tuner = restore_tuner(experiment, driver)
     else:
         fail_fast = FailFast()
         tuner = tune.Tuner(

@@ -116,6 +116,27 @@ def test_damaged_tune_state_is_one_line_and_no_hang(finished_sweep, tmp_path, st
     assert after == before  # nothing changed
 
 
+@SHARES_THE_FINISHED_SWEEP
+def test_a_restore_is_silent_on_a_trial_whose_tune_results_are_not_written_yet(
+    finished_sweep, tmp_path, capfd
+):
+    """A driver killed after Tune saw a trial's first report but before Tune's result files of
+    that trial were written whole (they are, on close) leaves a snapshot that names results
+    with no files. Restoring it (what `resume` does) says nothing of it: Tune's warning about
+    metrics it could not fetch is noise to a user, whose records are the trial's own."""
+    from schedule_search.sweep.driver import restore_tuner
+    from schedule_search.sweep.trial import run_trial
+
+    _, experiment = finished_sweep.copy_to(tmp_path)
+    trial_folder = next(experiment.tune_dir.glob("run_trial_*"))
+    for written_on_close in ("result.json", "progress.csv"):
+        (trial_folder / written_on_close).unlink()
+    capfd.readouterr()
+    restore_tuner(experiment, run_trial)  # Tune checks the trainable by name
+    out, err = capfd.readouterr()
+    assert "fetch metrics" not in out + err, err
+
+
 def test_records_are_readable_as_the_umask_allows(tmp_path):
     """Atomic writes go through private temporary files; what lands has an ordinary mode."""
     from schedule_search.core.checkpoint import save_state
