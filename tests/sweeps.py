@@ -84,6 +84,40 @@ def write_space(tmp_path: Path, **changes) -> Path:
     return path
 
 
+#: A user's task module: linreg that sleeps 50 ms before each micro-batch, so a trial lasts
+#: as long as a test needs it to (to probe it, or change its storage, while it trains) at a
+#: few percent of a CPU. Named `resting:make` in a space; its folder goes on PYTHONPATH.
+RESTING_TASK = """
+import time
+
+from schedule_search.tasks.linreg import build
+
+
+class Resting:
+    def __init__(self, task):
+        self.task = task
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def microbatch(self, index, rank, world_size):
+        time.sleep(0.05)
+        return self.task.microbatch(index, rank, world_size)
+
+
+def make(seed, **options):
+    return Resting(build(options, seed=seed))
+"""
+
+
+def resting_task(tmp_path: Path) -> Path:
+    """The folder holding `resting.py` (`RESTING_TASK`), for PYTHONPATH."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "resting.py").write_text(RESTING_TASK)
+    return code
+
+
 def trial_records(experiment: Experiment) -> dict[str, dict]:
     return {
         t: {

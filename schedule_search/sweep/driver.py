@@ -156,8 +156,12 @@ def run_tune(
                 verbose=0,
             ),
         )
+    FailFast.take_reason()  # a reason left by an earlier run in this process is not ours
     with graceful_stop() as stop, quiet("ray.tune"):
         tuner.fit()
     if stop.number is not None:
         raise Interrupted(stop.number)
     raise_if_trials_cannot_run(experiment)
+    # A stop whose cause the records cannot show: a trial's end that could not be written.
+    if (reason := FailFast.take_reason()) is not None:
+        raise TrialsFailed(reason)

@@ -12,7 +12,7 @@ import os
 import re
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ray import tune
 
@@ -48,14 +48,29 @@ class FailFast(tune.Stopper):
     (`fit()` outside the main thread): `stop_all` ends the other trials as TERMINATED and the
     searcher as finished, and a restored Tune runs neither again."""
 
+    #: Why the run in this process was stopped, for the driver to end with once `fit()`
+    #: returns (`take_reason`). Kept on the class: Tune restores its stopper and callbacks
+    #: from their pickles, so a restored run's FailFast is not one the driver made, but every
+    #: one of them lives in the driver's process.
+    _stopped_for: ClassVar[str | None] = None
+
     def __init__(self) -> None:
         self.reason: str | None = None
         self.signalled = False
+
+    @classmethod
+    def take_reason(cls) -> str | None:
+        """Why a FailFast stopped the run in this process since the last call (None if none
+        did); cleared, so the next run starts with none."""
+        reason, cls._stopped_for = cls._stopped_for, None
+        return reason
 
     def stop(self, reason: str) -> None:
         if self.reason is not None:
             return
         self.reason = reason
+        if FailFast._stopped_for is None:
+            FailFast._stopped_for = reason
         if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's, installed once fit() started
             self.signalled = True
             os.kill(os.getpid(), signal.SIGUSR1)

@@ -21,12 +21,15 @@ import grpc
 import pytest
 import ray
 from processes import kill_session, session_pids
-from sweeps import CLI, SPACE, cli, write_space
+from sweeps import CLI, SPACE, cli, resting_task, write_space
 
 from schedule_search.sweep.ray_env import AUTH_VARIABLES, TOKEN_FILE
 from schedule_search.train.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+#: The CPUs the token test's cluster head says it has: not this machine's count, whatever
+#: that is, so a concurrency taken from the machine instead of the cluster fails the test.
+CLUSTER_CPUS = (os.cpu_count() or 1) + 1
 
 
 def ray_methods() -> list[str]:
@@ -113,37 +116,12 @@ def machine_address() -> str:
     return get_node_ip_address()
 
 
-#: linreg that sleeps between micro-batches: a trial that keeps its workers (and their
-#: sockets) up while the test probes its Ray, at a few percent of a CPU instead of two CPUs.
-RESTING_TASK = """
-import time
-
-from schedule_search.tasks.linreg import build
-
-
-class Resting:
-    def __init__(self, task):
-        self.task = task
-
-    def __getattr__(self, name):
-        return getattr(self.task, name)
-
-    def microbatch(self, index, rank, world_size):
-        time.sleep(0.05)
-        return self.task.microbatch(index, rank, world_size)
-
-
-def make(seed, **options):
-    return Resting(build(options, seed=seed))
-"""
-
-
 @pytest.mark.cost(70)
 def test_a_sweeps_local_ray_refuses_every_client_without_its_token(tmp_path):
-    # One long trial: Ray is inspected while it trains, then the whole session is killed.
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "resting.py").write_text(RESTING_TASK)
+    # One long trial: Ray is inspected while it trains, then the whole session is killed. Its
+    # task rests between micro-batches: the workers (and their sockets) stay up while the
+    # test probes its Ray, at a few percent of a CPU instead of two CPUs.
+    code = resting_task(tmp_path)
     base = SPACE["base"] | {
         "task": SPACE["base"]["task"] | {"name": "resting:make"},
         "budget": {"horizon": 20000.0, "eval_at": [0.5]},
@@ -284,7 +262,8 @@ def token_cluster(tmp_path):
             "start",
             "--head",
             f"--port={port}",
-            "--num-cpus=3",  # more than this machine has: the default concurrency counts these
+            # One more than this machine has: the default concurrency counts the cluster's.
+            f"--num-cpus={CLUSTER_CPUS}",
             '--resources={"trial_slot": 1}',
             f"--dashboard-port={free_port()}",
         ],
@@ -331,5 +310,5 @@ def test_a_cluster_in_token_mode_is_joined_with_its_token_or_refused_in_one_line
     assert done.returncode == 0, done.stderr[-3000:]
     settings = json.loads((storage / SPACE["name"] / "sweep.json").read_text())
     assert settings["address"] == address
-    assert settings["concurrency"] == 3  # the cluster's CPUs // 1 worker, not this machine's
+    assert settings["concurrency"] == CLUSTER_CPUS  # the cluster's CPUs // 1 worker
     assert not (storage / SPACE["name"] / TOKEN_FILE).exists()  # the cluster's token is its own
