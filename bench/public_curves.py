@@ -6,8 +6,8 @@ peak LRs and horizons of 15k-50k steps, on SlimPajama. Writes the committed extr
     python bench/public_curves.py /path/to/lr-scheduling
 
 Each run: its schedule in the forecast's terms (one unit of time = 10,000 steps; warmup 300
-steps) and its validation loss every 1,000 steps (a run resumed mid-way logged some steps
-twice: the last value is kept) and at its end.
+steps) and its validation loss every 1,000 steps up to its last log, 1,000 steps before its
+end (a run resumed mid-way logged some steps twice: the last value is kept).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def main(repo: Path) -> None:
     commit = git(repo, "rev-parse", "HEAD").strip()
     runs = []
     for name in git(repo, "ls-tree", "--name-only", "HEAD", "data/").split():
-        if Path(name).stem.split("_slimpajama")[0] not in PREFIXES:
-            continue
+        if not Path(name).stem.startswith(tuple(PREFIXES)):
+            continue  # not read at all: the repository holds many other runs
         record = json.loads(git(repo, "show", f"HEAD:{name}"))
         run = run_of(Path(name).stem, record)
         if run is not None:

@@ -19,7 +19,16 @@ __all__ = ["build_parser", "main"]
 
 EXIT_BAD_INPUT = 2
 #: Top-level modules of the `sweep` extra (a core install has torch, numpy, pydantic, pyyaml).
-SWEEP_EXTRA = {"ray", "optuna", "scipy", "greenlet", "schedulefree", "rich", "matplotlib"}
+SWEEP_EXTRA = {
+    "ray",
+    "optuna",
+    "scipy",
+    "greenlet",
+    "schedulefree",
+    "rich",
+    "matplotlib",
+    "pyarrow",
+}
 
 
 class _Parser(argparse.ArgumentParser):

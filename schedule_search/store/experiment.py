@@ -116,8 +116,12 @@ class TrialRow:
 
 
 def _restarts(events: Path) -> int:
-    """The `resumed` lines of a run's event log (a line cut short by a kill is skipped)."""
-    return len(read_jsonl(events, lambda event: event.get("event") == "resumed"))
+    """The `resumed` lines of a run's event log (a line cut short by a kill is skipped; an
+    unreadable log, as a record the table cannot read, counts none rather than hide the row)."""
+    try:
+        return len(read_jsonl(events, lambda event: event.get("event") == "resumed"))
+    except OSError:
+        return 0
 
 
 def train_run_name(config: dict[str, Any]) -> str:

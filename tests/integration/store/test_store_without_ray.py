@@ -53,7 +53,7 @@ def test_status_export_and_report_run_where_ray_cannot_be_imported(finished_swee
 
 
 @SHARES_THE_FINISHED_SWEEP
-def test_a_folder_of_another_format_is_refused_in_one_line(finished_sweep, tmp_path, capsys):
+def test_a_folder_of_another_format_is_refused_in_one_line(finished_sweep, tmp_path, capfd):
     storage, experiment = finished_sweep.copy_to(tmp_path)
     settings = experiment.root / "sweep.json"
     recorded = json.loads(settings.read_text())
@@ -67,7 +67,7 @@ def test_a_folder_of_another_format_is_refused_in_one_line(finished_sweep, tmp_p
         before[settings] = settings.stat().st_mtime_ns
         for verb in ("status", "export", "report", "resume", "transfer"):
             code = main([verb, finished_sweep.name, "--storage", str(storage)])
-            err = capsys.readouterr().err
+            err = capfd.readouterr().err  # the process's stderr, not Python's alone
             lines = err.strip().splitlines()
             assert code == 2 and len(lines) == 1, (verb, err[-2000:])
             assert f"format {shown}" in lines[0] and f"reads format {FORMAT}" in lines[0], lines
