@@ -27,6 +27,7 @@ from schedule_search.train.launch import free_port
 __all__ = [
     "AUTH_VARIABLES",
     "DRIVER_ENVIRONMENT",
+    "DRIVER_ONLY_ENVIRONMENT",
     "TOKEN_FILE",
     "local_token",
     "ray_session",
@@ -43,11 +44,13 @@ DRIVER_ENVIRONMENT = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # reports are not delayed by 2 s polls
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_CHDIR_TO_TRIAL_DIR": "0",  # trials keep the driver's working directory
-    # A failed trial's cause is in its record and Tune's error file; without this, the tasks
-    # Tune abandons when a sweep ends (a full volume) print their tracebacks again, around
-    # the one line the CLI ends with.
-    "RAY_IGNORE_UNHANDLED_ERRORS": "1",
 }
+#: Set in the driver alone, once Ray runs (its workers do not inherit it, so their logs keep
+#: every unhandled error; Ray reads it at each report). The errors the driver would report
+#: are those of the tasks Tune abandons: a failed trial's cause is in its record and Tune's
+#: error file, and a sweep that ends (a full volume) would print their tracebacks again
+#: around the one line the CLI ends with.
+DRIVER_ONLY_ENVIRONMENT = {"RAY_IGNORE_UNHANDLED_ERRORS": "1"}
 #: The variables Ray reads its authentication from: the mode, then the token itself or the
 #: file holding it (Ray's order; the third place is ~/.ray/auth_token).
 AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -158,11 +161,14 @@ def ray_session(settings: SweepSettings, task: dict[str, Any], folder: Path) -> 
         if not settings.address:
             stack.enter_context(local_token(folder))
         _init_ray(settings, task_code(task))
+        restore = {name: os.environ.get(name) for name in DRIVER_ONLY_ENVIRONMENT}
+        os.environ.update(DRIVER_ONLY_ENVIRONMENT)
         try:
             yield
         finally:
             ray.shutdown()
-            if pinned is None:
-                os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-            else:
-                os.environ["RAY_API_SERVER_ADDRESS"] = pinned
+            for name, value in {**restore, "RAY_API_SERVER_ADDRESS": pinned}.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

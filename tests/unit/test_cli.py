@@ -93,9 +93,13 @@ def test_help_for_every_verb(capsys):
 def test_importing_the_package_sets_no_ray_environment():
     """Ray's settings are made where a sweep starts or joins Ray, never at import: a cluster
     user's own settings (authentication above all) are left as they are."""
-    from schedule_search.sweep.ray_env import AUTH_VARIABLES, DRIVER_ENVIRONMENT
+    from schedule_search.sweep.ray_env import (
+        AUTH_VARIABLES,
+        DRIVER_ENVIRONMENT,
+        DRIVER_ONLY_ENVIRONMENT,
+    )
 
-    names = sorted([*DRIVER_ENVIRONMENT, *AUTH_VARIABLES])
+    names = sorted([*DRIVER_ENVIRONMENT, *DRIVER_ONLY_ENVIRONMENT, *AUTH_VARIABLES])
     script = (
         "import os, schedule_search.cli, schedule_search.sweep.driver\n"
         "import schedule_search.transfer.run\n"

@@ -3,6 +3,7 @@ its token (measured on every socket its processes listen on, with `ss`, real gRP
 real HTTP requests), and a cluster in token mode is joined with the user's token, or refused in
 one line before anything is written."""
 
+import contextlib
 import glob
 import http.client
 import json
@@ -150,6 +151,12 @@ def test_a_sweeps_local_ray_refuses_every_client_without_its_token(tmp_path):
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
 
         ray_pids = session_pids(driver.pid)
+        # The driver's console settings stay its own: Ray's processes, which start from the
+        # driver's environment, keep reporting unhandled errors in their logs.
+        for pid in ray_pids - {driver.pid}:
+            with contextlib.suppress(OSError):  # one that ended meanwhile
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                assert not [e for e in environ if e.startswith(b"RAY_IGNORE_UNHANDLED")], pid
         sockets = listeners(ray_pids)
         outside = [(a, p, pid) for a, p, pid in sockets if not a.startswith("127.")]
         names = {Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for *_, pid in outside}
