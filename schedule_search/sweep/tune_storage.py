@@ -36,6 +36,11 @@ class _WrittenOnClose(io.BytesIO):
         super().close()
         atomic_write_bytes(self._path, data)
 
+    def __del__(self) -> None:
+        # Dropped without being closed (a copy given up midway): nothing is written. Without
+        # this, `io.IOBase` would close it here, and write what it holds as if whole.
+        super().close()
+
 
 class WholeFileLocalFileSystem(pafs.FileSystemHandler):
     """pyarrow's local filesystem, except that output streams write whole files."""

@@ -1,7 +1,8 @@
 """Tune's storage filesystem: a copy the kernel refuses midway leaves the previous file whole
-(pyarrow's local filesystem leaves it cut short), and the filesystem travels by pickle as
-Tune sends it to its trials."""
+(pyarrow's local filesystem leaves it cut short), a stream dropped unclosed writes nothing,
+and the filesystem travels by pickle as Tune sends it to its trials."""
 
+import gc
 import pickle
 import subprocess
 import sys
@@ -62,3 +63,18 @@ def test_a_copy_lands_whole_and_the_filesystem_pickles(tmp_path):
     assert (tmp_path / "storage" / "trial" / "result.json").read_text() == '{"loss": 1}'
     (info,) = filesystem.get_file_info(pafs.FileSelector(str(tmp_path / "storage" / "trial")))
     assert info.base_name == "result.json" and info.size == 11
+
+
+def test_a_stream_dropped_before_it_is_closed_writes_nothing(tmp_path):
+    """A copy given up midway drops its stream unclosed: what it held is not a whole file."""
+    filesystem = tune_filesystem()
+    (tmp_path / "state.json").write_bytes(b"old")
+    dropped = filesystem.open_output_stream(str(tmp_path / "state.json"))
+    dropped.write(b"half")
+    del dropped
+    gc.collect()
+    assert (tmp_path / "state.json").read_bytes() == b"old"
+    closed = filesystem.open_output_stream(str(tmp_path / "state.json"))
+    closed.write(b"whole")
+    closed.close()
+    assert (tmp_path / "state.json").read_bytes() == b"whole"
