@@ -4,6 +4,7 @@ handler takes the parsed arguments and returns the exit code; bad input is a Con
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import warnings
@@ -17,6 +18,7 @@ from schedule_search.store.lock import experiment_lock
 __all__ = ["EXIT_UNFINISHED", "export", "report", "resume", "status", "sweep", "train", "transfer"]
 
 if TYPE_CHECKING:
+    from schedule_search.store.experiment import SweepSettings
     from schedule_search.store.facts import SweepFacts
     from schedule_search.sweep.space import SearchSpace
 
@@ -89,7 +91,7 @@ def sweep(args: argparse.Namespace) -> int:
     from schedule_search.store.experiment import Experiment
     from schedule_search.store.facts import write_facts
     from schedule_search.sweep import driver  # noqa: F401  (Ray and Optuna: before any write)
-    from schedule_search.sweep.resources import check_resources
+    from schedule_search.sweep.resources import available, check_resources, default_concurrency
     from schedule_search.sweep.space import shardings
     from schedule_search.train.config import check_workers
 
@@ -101,9 +103,12 @@ def sweep(args: argparse.Namespace) -> int:
             f"{experiment.root}: experiment exists; `{_again('resume', name, args.storage)}` "
             "continues it"
         )
-    settings, has = _settings(args, data, name)
-    for sharding in shardings(space):
+    settings = _settings(args, data, name)
+    for sharding in shardings(space):  # bad input is refused before Ray is asked anything
         check_workers(sharding, settings.workers, str(args.space))
+    has = available(settings.address)
+    if args.concurrency is None:
+        settings = dataclasses.replace(settings, concurrency=default_concurrency(settings, has))
     check_resources(settings, has)  # before any write: a trial that cannot fit waits forever
     with experiment_lock(experiment.root, "sweep"):
         if (experiment.root / "sweep.json").exists():  # another sweep got here first
@@ -114,15 +119,13 @@ def sweep(args: argparse.Namespace) -> int:
         return _run(settings, experiment, args.storage, resume=False)
 
 
-def _settings(args: argparse.Namespace, data: dict, name: str):
-    """How the sweep launches (saved in sweep.json so `resume` launches it the same way), and
-    the CPUs and GPUs of the machine or cluster it launches on."""
-    import dataclasses
-
+def _settings(args: argparse.Namespace, data: dict, name: str) -> SweepSettings:
+    """How the sweep launches (saved in sweep.json so `resume` launches it the same way); its
+    concurrency, where `--concurrency` is not given, is set once the machine or cluster it
+    launches on has been asked what it has (`sweep`)."""
     from schedule_search.store.experiment import SweepSettings
-    from schedule_search.sweep.resources import available, default_concurrency
 
-    settings = SweepSettings(
+    return SweepSettings(
         name=name,
         samples=int(data.get("samples", 8)),
         workers=args.workers,
@@ -131,10 +134,6 @@ def _settings(args: argparse.Namespace, data: dict, name: str):
         address=args.address or os.environ.get("RAY_ADDRESS"),
         max_failures=args.max_failures,
     )
-    has = available(settings.address)
-    if args.concurrency is None:
-        settings = dataclasses.replace(settings, concurrency=default_concurrency(settings, has))
-    return settings, has
 
 
 def _run(settings, experiment, storage: Path | None, resume: bool) -> int:

@@ -154,6 +154,17 @@ def test_a_sharded_space_needs_two_workers(tmp_path, capsys, space):
     assert not storage.exists()
 
 
+def test_a_sharded_space_is_refused_before_its_cluster_is_asked_anything(tmp_path, capsys):
+    """The refusal needs no cluster: a cluster address where nothing listens is never tried
+    (connecting first cost a user Ray's connection retries before the one line)."""
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(variant("base/sharding", "fsdp")))
+    flags = ["--storage", str(tmp_path / "runs"), "--workers", "1", "--address", "127.0.0.1:9"]
+    assert main(["sweep", str(path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: sharding: fsdp shards across" in err and err.count("\n") == 1, err
+
+
 def test_a_combination_of_searched_keys_that_cannot_run_is_refused_before_launch(tmp_path, capsys):
     space = variant("params/sharding", {"type": "choice", "values": ["replicated", "fsdp"]})
     space["params"]["window.policy"] = {"type": "choice", "values": ["microbatches", "grad_norm"]}
