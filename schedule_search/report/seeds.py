@@ -5,7 +5,11 @@ Seed k of every row is scored on the same held-out sample (the task draws it fro
 so the gap of seed k is the difference of two runs evaluated alike; the interval of the mean
 gap is Student's t over the K paired differences (K - 1 degrees of freedom). A row's seed-k
 loss comes from the replica of the run its seed-0 loss came from (`row["source"]`); a cell
-whose replica is missing counts the seeds it has (`n`).
+whose replica is missing counts the seeds it has (`n`), its gap the pairs it has (`gap_n`).
+
+A replica that diverged is not missing: its loss is +inf, as the LR grids rank a diverged run
+last. The mean and interval are over the finite seeds, and a row that diverged on any seed
+its envelope did not reads worse, whatever its other seeds say.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from schedule_search.transfer.seeds import seeded
 __all__ = ["CONFIDENCE", "add_seed_statistics", "interval", "seeds_markdown", "verdict"]
 
 CONFIDENCE = 0.95
+#: The verdict of the envelope's own row: its gap to itself is 0 by construction.
+REFERENCE = "the reference"
 
 
 def interval(values: list[float]) -> tuple[float, float, int]:
@@ -38,9 +44,12 @@ def interval(values: list[float]) -> tuple[float, float, int]:
     return mean, t * statistics.stdev(finite) / math.sqrt(n), n
 
 
-def verdict(mean: float, half_width: float) -> str:
-    """How a gap (row minus envelope) reads: better or worse only where its interval excludes
-    0; otherwise within the noise of the seeds."""
+def verdict(mean: float, half_width: float, diverged: int = 0) -> str:
+    """How a gap (row minus envelope) reads: worse where the row diverged on `diverged` seeds
+    its envelope did not; else better or worse only where the interval excludes 0; otherwise
+    within the noise of the seeds."""
+    if diverged:
+        return f"worse: diverged on {diverged} seed{'s' if diverged > 1 else ''}"
     if not (math.isfinite(mean) and math.isfinite(half_width)):
         return "n/a"
     if mean + half_width < 0:
@@ -51,11 +60,18 @@ def verdict(mean: float, half_width: float) -> str:
 
 
 def _seed_losses(row: dict[str, Any], runs: dict[str, History], seeds: int, h: float) -> list:
+    """Each seed's loss at `h`: NaN where its run is missing, +inf where its run ended without
+    a finite loss there (the table is made once every run has ended: it diverged)."""
     name, score = row["source"].get(h, (None, "last"))
-    losses = [row["loss"][h]]
+
+    def ended_as(loss: float, run: str | None) -> float:
+        return loss if math.isfinite(loss) or run not in runs else math.inf
+
+    losses = [ended_as(row["loss"][h], name)]
     for seed in range(1, seeds):
-        replica = runs.get(seeded(name, seed)) if name else None
-        losses.append(loss_at(replica, h, score) if replica else math.nan)
+        replica = seeded(name, seed) if name else None
+        found = runs.get(replica) if replica else None
+        losses.append(ended_as(loss_at(found, h, score), replica) if found else math.nan)
     return losses
 
 
@@ -73,23 +89,27 @@ def add_seed_statistics(
     reference = {
         h: _seed_losses(rows[envelope], runs, seeds, h) if envelope else missing for h in horizons
     }
-    for row in rows.values():
+    for label, row in rows.items():
         if not row["source"]:
             continue
         row["seeds"] = {}
         for h in horizons:
             losses = _seed_losses(row, runs, seeds, h)
             mean, half, n = interval(losses)
-            gaps = [a - b for a, b in zip(losses, reference[h], strict=True)]
-            gap, gap_half, _ = interval(gaps)
+            pairs = list(zip(losses, reference[h], strict=True))
+            gap, gap_half, gap_n = interval([a - b for a, b in pairs])
+            diverged = sum(1 for a, b in pairs if a == math.inf and b != math.inf)
             row["seeds"][h] = {
                 "losses": losses,
                 "mean": mean,
                 "half_width": half,
                 "n": n,
+                "diverged": losses.count(math.inf),
                 "gap": gap,
                 "gap_half_width": gap_half,
-                "verdict": verdict(gap, gap_half),
+                "gap_n": gap_n,
+                "envelope_diverged": sum(1 for a, b in pairs if b == math.inf and a != math.inf),
+                "verdict": REFERENCE if label == envelope else verdict(gap, gap_half, diverged),
             }
 
 
@@ -112,16 +132,31 @@ def seeds_markdown(table: dict[str, Any]) -> str:
     for label, row in table["rows"].items():
         if "seeds" not in row:
             continue
-        cells = []
-        for h in horizons:
-            cell = row["seeds"][h]
-            if cell["n"] == 0:
-                cells.append("n/a")
-                continue
-            counted = "" if cell["n"] == seeds else f" [{cell['n']} seeds]"
-            cells.append(
-                f"{cell['mean']:.4f} ± {cell['half_width']:.4f}{counted} "
-                f"({cell['gap']:+.4f} ± {cell['gap_half_width']:.4f}, {cell['verdict']})"
-            )
+        cells = [_cell_text(row["seeds"][h], seeds) for h in horizons]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _plus_minus(mean: float, half_width: float, signed: bool = False) -> str:
+    value = f"{mean:+.4f}" if signed else f"{mean:.4f}"
+    return f"{value} ± {half_width:.4f}" if math.isfinite(half_width) else f"{value}, no interval"
+
+
+def _cell_text(cell: dict[str, Any], seeds: int) -> str:
+    """`mean ± half-width [seeds counted, if not all] (gap ± half-width [pairs], verdict)`."""
+    if cell["n"] == 0 and not cell.get("diverged"):
+        return "n/a"
+    counted = [f"{cell['n']} of {seeds} seeds"] if cell["n"] < seeds else []
+    if cell.get("diverged"):
+        counted.append(f"{cell['diverged']} diverged")
+    loss = _plus_minus(cell["mean"], cell["half_width"]) if cell["n"] else "diverged"
+    loss += f" [{', '.join(counted)}]" if counted else ""
+    if not math.isfinite(cell["gap"]) or cell["verdict"] == REFERENCE:
+        return f"{loss} ({cell['verdict']})"
+    pairs = [f"{cell['gap_n']} pair{'s' if cell['gap_n'] != 1 else ''}"]
+    pairs = pairs if cell["gap_n"] < seeds else []
+    if cell.get("envelope_diverged"):
+        pairs.append(f"the envelope diverged on {cell['envelope_diverged']}")
+    gap = _plus_minus(cell["gap"], cell["gap_half_width"], signed=True)
+    gap += f" [{', '.join(pairs)}]" if pairs else ""
+    return f"{loss} ({gap}, {cell['verdict']})"

@@ -30,18 +30,43 @@ def plot_gaps(path: Path, table: dict[str, Any]) -> None:
                 continue
             gaps = [row["seeds"][h]["gap"] for h in horizons]
             errors = [row["seeds"][h]["gap_half_width"] for h in horizons]
+            diverged = [row["seeds"][h].get("diverged", 0) > 0 for h in horizons]
         else:
             gaps, errors = [row["gap_last"][h] for h in horizons], [math.nan] * len(horizons)
+            diverged = [False] * len(horizons)
         if not any(math.isfinite(g) for g in gaps):
             continue
-        errors = [e if math.isfinite(e) else 0.0 for e in errors]
-        axis.errorbar(x, gaps, yerr=errors, fmt="o-", capsize=3, label=label, markersize=4)
+        color = axis.plot(x, gaps, "-", label=label)[0].get_color()
+        bars = [i for i, e in enumerate(errors) if math.isfinite(e)]
+        axis.errorbar(
+            [x[i] for i in bars],
+            [gaps[i] for i in bars],
+            yerr=[errors[i] for i in bars],
+            fmt="o",
+            capsize=3,
+            markersize=4,
+            color=color,
+        )
+        # A point with no interval (one seed, or one pair left) is drawn hollow, not as an
+        # interval of width 0.
+        bare = [i for i, e in enumerate(errors) if not math.isfinite(e)]
+        hollow = "none" if table["seeds"] > 1 else color
+        axis.plot([x[i] for i in bare], [gaps[i] for i in bare], "o", color=color, mfc=hollow)
+        # A row that diverged on a seed reads worse there, whatever its other seeds' mean.
+        marked = [i for i, flag in enumerate(diverged) if flag]
+        axis.plot([x[i] for i in marked], [gaps[i] for i in marked], "kx", markersize=9)
     axis.set_xscale("log", base=2)
     axis.set_xticks(x, [f"{h}x" for h in horizons])
     axis.set_xlabel("horizon (Chinchilla multiples)")
+    axis.set_ylabel("loss - envelope (nats)")
     seeds = table["seeds"]
-    interval = f"mean over {seeds} seeds paired by seed, 95% interval" if seeds > 1 else "1 seed"
-    axis.set_ylabel(f"loss - envelope (nats; {interval})")
+    axis.set_title(
+        f"mean over up to {seeds} seeds, paired by seed, with its 95% interval\n"
+        "(hollow: no interval; x: diverged on a seed, the mean is over the others)"
+        if seeds > 1
+        else "one seed",
+        fontsize=9,
+    )
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
     save_figure(figure, path)

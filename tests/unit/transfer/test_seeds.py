@@ -141,3 +141,48 @@ def test_a_replayed_round_plans_its_replicas_again_and_runs_none_that_ended():
     assert {"recipe@seed1", "constant@seed1"} <= set(first)
     replay = pending_with_seeds(s, 2, {}, checkpoints([]), frozenset({"recipe@seed1"}))
     assert "recipe@seed1" not in replay and replay["constant@seed1"] == first["constant@seed1"]
+
+
+def _one_horizon_study(recipe: list[float | None], envelope: list[float]) -> dict:
+    """A 3-seed table at 1x: the recipe's and the envelope's loss on each seed (inf: the run
+    diverged; None: the run is missing)."""
+    s = TransferStudy(BASE, [1.0], ["recipe", "cosine"], 1.0)
+    runs = {f"cosine-1x-lr{lr:g}": history((1.0, loss)) for lr, loss in ((0.05, 1.3), (0.2, 1.4))}
+    for seed in range(3):
+        runs[seeded("cosine-1x-lr0.1", seed)] = history((1.0, envelope[seed]))
+        if recipe[seed] is not None:
+            runs[seeded("recipe", seed)] = history((1.0, recipe[seed]), key="val_loss_ema/0.04")
+    return transfer_table(s, runs)
+
+
+def test_a_row_that_diverged_on_a_seed_reads_worse_whatever_its_other_seeds_say():
+    """Dropping the diverged seed would leave two seeds 0.01 better than the envelope (a
+    'better' row); a diverged run ranks last, as in the LR grids."""
+    table = _one_horizon_study([0.99, 1.039, math.inf], [1.00, 1.05, 0.95])
+    recipe = next(row for label, row in table["rows"].items() if label.startswith("recipe"))
+    cell = recipe["seeds"]["1"]
+    assert cell["losses"][2] == math.inf and cell["n"] == 2 and cell["diverged"] == 1
+    assert cell["gap_n"] == 2 and cell["verdict"] == "worse: diverged on 1 seed"
+    line = next(line for line in seeds_markdown(table).splitlines() if line.startswith("| recipe"))
+    assert "[2 of 3 seeds, 1 diverged]" in line and "[2 pairs]" in line, line
+    assert "better" not in line
+
+
+def test_where_the_envelope_diverged_the_gap_counts_the_pairs_it_has():
+    table = _one_horizon_study([0.99, 1.04, 0.94], [1.00, 1.05, math.inf])
+    rows = table["rows"]
+    recipe = next(row for label, row in rows.items() if label.startswith("recipe"))["seeds"]["1"]
+    assert recipe["n"] == 3 and recipe["gap_n"] == 2 and recipe["envelope_diverged"] == 1
+    assert recipe["gap"] == pytest.approx(-0.01)
+    text = seeds_markdown(table)
+    recipe_line = next(line for line in text.splitlines() if line.startswith("| recipe"))
+    assert "[2 pairs, the envelope diverged on 1]" in recipe_line, recipe_line
+    envelope_line = next(line for line in text.splitlines() if line.startswith(f"| {ENVELOPE_ROW}"))
+    assert "(the reference)" in envelope_line and "1 diverged" in envelope_line, envelope_line
+
+
+def test_one_seed_of_a_cell_has_no_interval_to_show():
+    table = _one_horizon_study([0.99, None, None], [1.00, 1.05, 0.95])
+    line = next(row for row in seeds_markdown(table).splitlines() if row.startswith("| recipe"))
+    assert "0.9900, no interval [1 of 3 seeds] (-0.0100, no interval [1 pair], n/a)" in line
+    assert "nan" not in line, line
