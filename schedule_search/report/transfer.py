@@ -52,8 +52,12 @@ def _envelope(
         if not losses:
             out[h] = (math.nan, None, False)
             continue
-        best = min(losses, key=lambda run: losses[run])
-        out[h] = (losses[best], best, spec.state(runs, score).interior)
+        state = spec.state(runs, score)
+        # The grid's own choice (a tie goes to the lower LR): the run whose replicas exist.
+        best = spec.run_name(state.best_lr) if state.best_lr is not None else None
+        if best not in losses:
+            best = min(losses, key=lambda run: (losses[run], spec.lr_of(run)))
+        out[h] = (losses[best], best, state.interior)
     return out
 
 
@@ -306,10 +310,11 @@ def write_transfer_report(
     table = transfer_table(study, runs, sweep_history)
     table["runs"] = run_table(records, study)
     atomic_write_text(root / "transfer.json", json.dumps(table, indent=1))
+    chosen_on = " (seed 0: the seed the grids chose on)" if table["seeds"] > 1 else ""
     atomic_write_text(
         root / "transfer.md",
         "# Transfer: validation loss per horizon, (gap to the envelope at the last iterate / "
-        "with each run's best EMA)\n\n"
+        f"with each run's best EMA){chosen_on}\n\n"
         + _markdown(table)
         + ("\n" + seeds_markdown(table) if table["seeds"] > 1 else ""),
     )

@@ -186,3 +186,15 @@ def test_one_seed_of_a_cell_has_no_interval_to_show():
     line = next(row for row in seeds_markdown(table).splitlines() if row.startswith("| recipe"))
     assert "0.9900, no interval [1 of 3 seeds] (-0.0100, no interval [1 pair], n/a)" in line
     assert "nan" not in line, line
+
+
+def test_an_exact_tie_in_a_grid_picks_the_run_whose_replicas_exist():
+    """The grid replicates its own choice, the lower LR on a tie; the envelope's seed cells
+    come from that run whatever order the runs were read in."""
+    s = TransferStudy(BASE, [1.0], ["recipe", "cosine"], 1.0)
+    runs = {"cosine-1x-lr0.2": history((1.0, 1.0)), "cosine-1x-lr0.05": history((1.0, 1.3))}
+    for seed, level in enumerate((1.0, 1.05, 0.95)):
+        runs[seeded("cosine-1x-lr0.1", seed)] = history((1.0, level))
+        runs[seeded("recipe", seed)] = history((1.0, level - 0.01), key="val_loss_ema/0.04")
+    cell = transfer_table(s, runs)["rows"][ENVELOPE_ROW]["seeds"]["1"]
+    assert cell["n"] == 3 and cell["losses"] == pytest.approx([1.0, 1.05, 0.95])
