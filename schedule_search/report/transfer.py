@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from schedule_search.core.files import atomic_write_text
+from schedule_search.report.forecast_cells import forecast_cells, forecast_markdown, read_forecast
 from schedule_search.report.seeds import add_seed_statistics, seeds_markdown
 from schedule_search.report.transfer_figures import plot_gaps, plot_losses, plot_lrs
 from schedule_search.transfer.plan import (
@@ -309,6 +310,9 @@ def write_transfer_report(
     runs = {name: record.history for name, record in records.items()}
     table = transfer_table(study, runs, sweep_history)
     table["runs"] = run_table(records, study)
+    forecast = read_forecast(root.parent, _launched_recipe_trial(root))
+    if forecast is not None:
+        table["forecast"] = forecast_cells(forecast, table)
     atomic_write_text(root / "transfer.json", json.dumps(table, indent=1))
     chosen_on = " (seed 0: the seed the grids chose on)" if table["seeds"] > 1 else ""
     atomic_write_text(
@@ -316,10 +320,19 @@ def write_transfer_report(
         "# Transfer: validation loss per horizon, (gap to the envelope at the last iterate / "
         f"with each run's best EMA){chosen_on}\n\n"
         + _markdown(table)
-        + ("\n" + seeds_markdown(table) if table["seeds"] > 1 else ""),
+        + ("\n" + seeds_markdown(table) if table["seeds"] > 1 else "")
+        + ("\n" + forecast_markdown(table["forecast"], study.horizons) if forecast else ""),
     )
     seed_0 = {name: history for name, history in runs.items() if seed_of(name)[1] == 0}
     plot_losses(root / "loss_vs_tokens.png", study, seed_0, table)
     plot_gaps(root / "gap_vs_horizon.png", table)
     plot_lrs(root / "lr_curves.png", study, records)
     return table
+
+
+def _launched_recipe_trial(root: Path) -> str | None:
+    """The sweep trial the transfer took its recipe from (`launch.json`)."""
+    try:
+        return json.loads((root / "launch.json").read_text()).get("recipe_trial")
+    except (OSError, ValueError):
+        return None
