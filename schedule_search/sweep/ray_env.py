@@ -83,11 +83,7 @@ def local_token(folder: Path) -> Iterator[Path]:
     try:
         yield path
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _put_back(saved)
         _reload_authentication()
         path.unlink(missing_ok=True)
 
@@ -155,20 +151,23 @@ def trial_driver_resources(settings: SweepSettings) -> dict[str, float]:
 def ray_session(settings: SweepSettings, task: dict[str, Any], folder: Path) -> Iterator[None]:
     """A local Ray whose token lies in the experiment `folder` while it runs (or a connection
     to the cluster at `settings.address`, which is sent the code of the user's `task`),
-    always shut down."""
-    pinned = os.environ.get("RAY_API_SERVER_ADDRESS")
+    always shut down; the variables it sets in this process are restored afterwards, also when
+    Ray could not start (a later Ray here must not look for this one's State API)."""
+    names = ["RAY_API_SERVER_ADDRESS", *DRIVER_ONLY_ENVIRONMENT]
     with contextlib.ExitStack() as stack:
+        stack.callback(_put_back, {name: os.environ.get(name) for name in names})
         if not settings.address:
             stack.enter_context(local_token(folder))
         _init_ray(settings, task_code(task))
-        restore = {name: os.environ.get(name) for name in DRIVER_ONLY_ENVIRONMENT}
+        stack.callback(ray.shutdown)  # first of all at the end
         os.environ.update(DRIVER_ONLY_ENVIRONMENT)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-            for name, value in {**restore, "RAY_API_SERVER_ADDRESS": pinned}.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        yield
+
+
+def _put_back(saved: dict[str, str | None]) -> None:
+    """Set each variable of `saved` back to its value there (None: unset)."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
