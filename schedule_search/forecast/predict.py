@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.forecast.law import Curve, LossLaw, Run, fit_law, with_schedule
 from schedule_search.store.experiment import Experiment
 from schedule_search.store.records import read_records
+from schedule_search.transfer.plan import SCHEDULE_FREE_LR
 
 __all__ = ["Forecast", "LawFit", "forecast_sweep", "sweep_curves"]
 
@@ -151,7 +152,10 @@ def forecast_sweep(
     }
     swept = [c.run.lr for c in laws[f"adamw/{RAW}"].curves]
     lrs = np.geomspace(min(swept) / 4, max(swept) * 4, LR_GRID)
-    constant = with_schedule(recipe, kind="constant")
+    # Constant + EMA trains with AdamW at the LR the transfer gives it: a schedule-free
+    # recipe's over sqrt(10) (`TransferStudy.adamw_lr`), the recipe's own otherwise.
+    adamw_lr = recipe.lr / SCHEDULE_FREE_LR if optimizer == "schedulefree_adamw" else recipe.lr
+    constant = with_schedule(replace(recipe, lr=adamw_lr), kind="constant")
     rows: dict[str, dict[float, Cell]] = {}
     for horizon in horizons:
         for label, fit, predict in (

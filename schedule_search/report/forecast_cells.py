@@ -29,15 +29,31 @@ MEASURED_AS = {
 
 def read_forecast(sweep_root: Path, recipe_trial: str | None) -> dict[str, Any] | None:
     """The sweep's forecast of the transferred recipe, or None where there is none (or it is
-    of another recipe trial, or cannot be read: the table is written without it)."""
+    of another recipe trial, or cannot be read, or is not shaped as `forecast` writes it: the
+    table is written without it)."""
+    if recipe_trial is None:
+        return None
     path = sweep_root / "forecast" / "forecast.json"
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(document, dict) or document.get("recipe_trial") != recipe_trial:
+    if not _well_formed(document) or document.get("recipe_trial") != recipe_trial:
         return None
     return document
+
+
+def _well_formed(document: Any) -> bool:
+    """rows: label -> horizon -> a cell with numbers for loss, low and high."""
+    rows = document.get("rows") if isinstance(document, dict) else None
+    if not isinstance(rows, dict) or not all(isinstance(row, dict) for row in rows.values()):
+        return False
+    return all(
+        isinstance(cell, dict)
+        and all(isinstance(cell.get(key), int | float) for key in ("loss", "low", "high"))
+        for row in rows.values()
+        for cell in row.values()
+    )
 
 
 def forecast_cells(forecast: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:

@@ -98,7 +98,9 @@ def add_seed_statistics(
             mean, half, n = interval(losses)
             pairs = list(zip(losses, reference[h], strict=True))
             gap, gap_half, gap_n = interval([a - b for a, b in pairs])
-            diverged = sum(1 for a, b in pairs if a == math.inf and b != math.inf)
+            # Only against an envelope seed that ended with a loss: with none to pair with (no
+            # envelope, a missing replica) there is no gap to call worse.
+            diverged = sum(1 for a, b in pairs if a == math.inf and math.isfinite(b))
             row["seeds"][h] = {
                 "losses": losses,
                 "mean": mean,
@@ -108,7 +110,8 @@ def add_seed_statistics(
                 "gap": gap,
                 "gap_half_width": gap_half,
                 "gap_n": gap_n,
-                "envelope_diverged": sum(1 for a, b in pairs if b == math.inf and a != math.inf),
+                "envelope_diverged": sum(1 for a, b in pairs if b == math.inf and math.isfinite(a)),
+                "diverged_alone": diverged,
                 "verdict": REFERENCE if label == envelope else verdict(gap, gap_half, diverged),
             }
 

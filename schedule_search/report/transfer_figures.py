@@ -30,7 +30,7 @@ def plot_gaps(path: Path, table: dict[str, Any]) -> None:
                 continue
             gaps = [row["seeds"][h]["gap"] for h in horizons]
             errors = [row["seeds"][h]["gap_half_width"] for h in horizons]
-            diverged = [row["seeds"][h].get("diverged", 0) > 0 for h in horizons]
+            diverged = [row["seeds"][h].get("diverged_alone", 0) > 0 for h in horizons]
         else:
             gaps, errors = [row["gap_last"][h] for h in horizons], [math.nan] * len(horizons)
             diverged = [False] * len(horizons)
@@ -62,7 +62,8 @@ def plot_gaps(path: Path, table: dict[str, Any]) -> None:
     seeds = table["seeds"]
     axis.set_title(
         f"mean over up to {seeds} seeds, paired by seed, with its 95% interval\n"
-        "(hollow: no interval; x: diverged on a seed, the mean is over the others)"
+        "(hollow: no interval; x: diverged on a seed its envelope did not, the mean is over the "
+        "others)"
         if seeds > 1
         else "one seed",
         fontsize=9,

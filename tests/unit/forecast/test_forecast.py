@@ -58,8 +58,11 @@ def test_a_horizon_free_forecast_needs_no_horizon():
     assert abs(ends[0] - ends[1]) > 1e-3
 
 
-def write_sweep(root, runs: list[Run], at: list[float]) -> Experiment:
-    """A finished sweep's folder of `runs` whose records hold the law's losses at `at`."""
+def write_sweep(
+    root, runs: list[Run], at: list[float], optimizers: dict[int, str] | None = None
+) -> Experiment:
+    """A finished sweep's folder of `runs` whose records hold the law's losses at `at`, each
+    trained with AdamW or the optimizer `optimizers` names for its index."""
     experiment = Experiment(root)
     root.mkdir(parents=True)
     experiment.save_settings(
@@ -84,7 +87,7 @@ def write_sweep(root, runs: list[Run], at: list[float]) -> Experiment:
             "warmup": run.schedule.warmup,
         }
         config = {
-            "optimizer": {"name": "adamw", "lr": run.lr},
+            "optimizer": {"name": (optimizers or {}).get(number, "adamw"), "lr": run.lr},
             "schedule": schedule,
             "window": {"microbatches": run.microbatches},
         }
@@ -135,6 +138,23 @@ def test_the_verb_forecasts_from_the_records_and_writes_its_table(tmp_path, caps
         truth = min(TRUTH.predict(Run(lr, cosine, recipe.microbatches), [horizon])[0] for lr in lrs)
         assert envelope["loss"] == pytest.approx(truth, abs=1e-4)
     assert "recipe (best EMA)" in capsys.readouterr().out
+
+
+def test_constant_ema_is_forecast_at_the_lr_the_transfer_trains_it_at(tmp_path):
+    """A schedule-free recipe's constant + EMA run trains with AdamW at the recipe's LR over
+    sqrt(10) (`TransferStudy.adamw_lr`): its forecast is at that LR, or its error beside the
+    measured cell would compare two runs."""
+    runs = sweep_like_runs()
+    at_4x = [TRUTH.predict(run, [4.0])[0] for run in runs]
+    best = int(np.argmin(at_4x))
+    schedule_free = {best, *[i for i in range(len(runs)) if i != best][:3]}  # 16 evaluations
+    optimizers = dict.fromkeys(schedule_free, "schedulefree_adamw")
+    experiment = write_sweep(tmp_path / "runs" / "sf", runs, EVAL_AT, optimizers)
+    assert main(["forecast", "sf", "--storage", str(tmp_path / "runs"), "--to", "8"]) == 0
+    document = json.loads((experiment.root / "forecast" / "forecast.json").read_text())
+    assert document["recipe_trial"] == f"t{best:04d}"
+    constant = document["rows"]["constant + EMA (best EMA)"]["8"]
+    assert constant["lr"] == pytest.approx(runs[best].lr / np.sqrt(10.0))
 
 
 def test_too_few_curves_are_refused_in_one_line(tmp_path, capsys):

@@ -8,8 +8,9 @@ import pytest
 from test_transfer_plan import BASE, history
 
 from schedule_search.report.forecast_cells import forecast_cells, forecast_markdown, read_forecast
-from schedule_search.report.transfer import transfer_table
+from schedule_search.report.transfer import transfer_table, write_transfer_report
 from schedule_search.transfer.plan import TransferStudy
+from schedule_search.transfer.run import RunRecord
 
 
 def cell(loss: float) -> dict:
@@ -61,3 +62,40 @@ def test_a_forecast_is_read_only_for_the_recipe_it_was_made_for(tmp_path):
     assert read_forecast(tmp_path, "another") is None
     (tmp_path / "forecast" / "forecast.json").write_text('{"recipe_trial": "t1", ')
     assert read_forecast(tmp_path, "t1") is None  # cut short: the table goes without it
+    for misshapen in ({"rows": []}, {"rows": {"recipe (best EMA)": {"1": {"loss": 1.0}}}}):
+        (tmp_path / "forecast" / "forecast.json").write_text(
+            json.dumps({"recipe_trial": "t1"} | misshapen)
+        )
+        assert read_forecast(tmp_path, "t1") is None, misshapen
+    assert read_forecast(tmp_path, None) is None  # no launch record: no recipe to match
+
+
+def test_the_transfer_report_shows_the_forecast_of_its_own_recipe_only(tmp_path):
+    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "constant", "cosine"], 1.0)
+    configs = {"recipe": s.recipe(), "constant": s.constant()}
+    runs = {
+        "recipe": history((1.0, 0.97), (2.0, 0.91), key="val_loss_ema/0.04"),
+        "constant": history((1.0, 1.05), (2.0, 1.00)),
+    }
+    for h in (1.0, 2.0):
+        spec = s.grid("cosine", h, runs)
+        for lr, loss in zip(spec.start, (1.3, 1.0, 1.4), strict=True):
+            runs[spec.run_name(lr)] = history((h, loss))
+            configs[spec.run_name(lr)] = spec.config(s, lr)
+    records = {name: RunRecord(runs[name], configs[name], f"round1/{name}") for name in runs}
+    sweep = tmp_path / "lt"
+    root = sweep / "transfer"
+    root.mkdir(parents=True)
+    (root / "launch.json").write_text(json.dumps({"recipe_trial": "t1"}))
+    (sweep / "forecast").mkdir()
+    for trial, shown in (("t1", True), ("another", False)):
+        (sweep / "forecast" / "forecast.json").write_text(
+            json.dumps(FORECAST | {"recipe_trial": trial})
+        )
+        table = write_transfer_report(root, s, records, [])
+        text = (root / "transfer.md").read_text()
+        assert ("## The sweep's forecast beside the measured cells" in text) is shown, trial
+        assert ("forecast" in json.loads((root / "transfer.json").read_text())) is shown
+        assert ("forecast" in table) is shown
+        # The recipe's measured 1x cell beside its forecast, with the error.
+        assert ("0.9500 [0.9400, 0.9700] (0.9700, -0.0200)" in text) is shown

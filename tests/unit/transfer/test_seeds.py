@@ -198,3 +198,17 @@ def test_an_exact_tie_in_a_grid_picks_the_run_whose_replicas_exist():
         runs[seeded("recipe", seed)] = history((1.0, level - 0.01), key="val_loss_ema/0.04")
     cell = transfer_table(s, runs)["rows"][ENVELOPE_ROW]["seeds"]["1"]
     assert cell["n"] == 3 and cell["losses"] == pytest.approx([1.0, 1.05, 0.95])
+
+
+def test_without_an_envelope_a_diverged_seed_is_counted_but_no_gap_is_called():
+    s = TransferStudy(BASE, [1.0], ["recipe", "constant"], 1.0)
+    runs = {}
+    for seed, level in enumerate((1.0, 1.1, math.inf)):
+        runs[seeded("recipe", seed)] = history((1.0, level), key="val_loss_ema/0.04")
+        runs[seeded("constant", seed)] = history((1.0, 1.0))
+    table = transfer_table(s, runs)
+    recipe = next(row for label, row in table["rows"].items() if label.startswith("recipe"))
+    cell = recipe["seeds"]["1"]
+    assert cell["diverged"] == 1 and cell["diverged_alone"] == 0 and cell["verdict"] == "n/a"
+    line = next(row for row in seeds_markdown(table).splitlines() if row.startswith("| recipe"))
+    assert "[2 of 3 seeds, 1 diverged] (n/a)" in line, line
