@@ -23,7 +23,10 @@ __all__ = ["WholeFileLocalFileSystem", "tune_filesystem"]
 
 
 class _WrittenOnClose(io.BytesIO):
-    """What pyarrow writes, held until it closes the stream, then written whole."""
+    """What pyarrow writes, held until it closes the stream, then written whole. A stream
+    dropped unclosed (a copy given up midway) writes nothing; a writer that closes a stream
+    after its own failed write (a `with` block left by an exception) still writes what it
+    held, which this class cannot tell from a whole file."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
