@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -13,7 +14,13 @@ from pydantic import Field
 from schedule_search.core.config import STRICT, ConfigError, Positive
 from schedule_search.core.sharding import local_tensors
 
-__all__ = ["OptimizerConfig", "evaluation_weights"]
+__all__ = ["SCHEDULE_FREE_LR", "OptimizerConfig", "evaluation_weights"]
+
+#: Schedule-free AdamW's LR over AdamW's for the same run. Its README: "a good starting point
+#: is 1x to 10x larger than schedule-based approaches"; this is the geometric middle of that
+#: range (the transfer's schedule-free grid centre, the AdamW references' LR for a
+#: schedule-free recipe, and the LR the forecast gives those references).
+SCHEDULE_FREE_LR = math.sqrt(10.0)
 
 
 @dataclass

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from schedule_search.core.config import ConfigError
+from schedule_search.core.optimizer import SCHEDULE_FREE_LR
 from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.forecast.law import Curve, LossLaw, Run, fit_law, with_schedule
 from schedule_search.store.experiment import Experiment
 from schedule_search.store.records import read_records
-from schedule_search.transfer.plan import SCHEDULE_FREE_LR
 
 __all__ = ["Forecast", "LawFit", "forecast_sweep", "sweep_curves"]
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from schedule_search.core.averaging import DEFAULT_FRACTIONS
 from schedule_search.core.config import parse, to_dict
-from schedule_search.core.optimizer import OptimizerConfig
+from schedule_search.core.optimizer import SCHEDULE_FREE_LR, OptimizerConfig
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.evaluation import Evaluation
 from schedule_search.transfer.lr_grid import GridState, grid_state, rank
@@ -63,9 +63,6 @@ ENVELOPE = ("cosine", "linear")
 #: Initial LR grids, as factors of their centre (`TransferStudy.centre`; schedule-free's is
 #: `SCHEDULE_FREE_LR` times the recipe's LR); every grid is extended by x2 steps at an edge.
 GRID = (0.5, 1.0, 2.0)
-#: Schedule-free AdamW's README: "a good starting point is 1x to 10x larger than
-#: schedule-based approaches"; its grid is centred on the geometric middle of that range.
-SCHEDULE_FREE_LR = math.sqrt(10.0)
 MAX_EXTENSIONS = 2  # per side; where the best is still at an edge the table marks it
 FLOOR = 0.1
 #: WSD branches: name prefix -> (share of the horizon the cooldown takes, cooldown, floor).

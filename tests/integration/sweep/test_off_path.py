@@ -116,34 +116,54 @@ def test_damaged_tune_state_is_one_line_and_no_hang(finished_sweep, tmp_path, st
     assert after == before  # nothing changed
 
 
+#: Restore a sweep's Tune state as Tune does (argv[2] "tune") or as the sweep does ("sweep"),
+#: in a process of its own: Ray's loggers write to the stderr they found at import, which in
+#: a test process is an earlier test's capture.
+RESTORE = """
+import sys
+from ray import tune
+from schedule_search.store.experiment import Experiment
+from schedule_search.sweep.driver import restore_tuner
+from schedule_search.sweep.trial import run_trial
+from schedule_search.sweep.tune_storage import tune_filesystem
+
+experiment = Experiment(sys.argv[1])
+if sys.argv[2] == "tune":
+    tune.Tuner.restore(
+        str(experiment.tune_dir), trainable=run_trial, storage_filesystem=tune_filesystem()
+    )
+else:
+    restore_tuner(experiment, run_trial)  # Tune checks the trainable by name
+"""
+
+
 @SHARES_THE_FINISHED_SWEEP
 def test_a_restore_is_silent_on_a_trial_whose_tune_results_are_not_written_yet(
-    finished_sweep, tmp_path, capfd
+    finished_sweep, tmp_path
 ):
     """A driver killed after Tune saw a trial's first report but before Tune's result files of
     that trial were written whole (they are, on close) leaves a snapshot that names results
     with no files. Restoring it (what `resume` does) says nothing of it: Tune's warning about
     metrics it could not fetch is noise to a user, whose records are the trial's own."""
-    from ray import tune
-
-    from schedule_search.sweep.driver import restore_tuner
-    from schedule_search.sweep.trial import run_trial
-    from schedule_search.sweep.tune_storage import tune_filesystem
-
     _, experiment = finished_sweep.copy_to(tmp_path)
     trial_folder = next(experiment.tune_dir.glob("run_trial_*"))
     for written_on_close in ("result.json", "progress.csv"):
         (trial_folder / written_on_close).unlink()
-    capfd.readouterr()
+
+    def restored(how: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", RESTORE, str(experiment.root), how],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
     # The condition is real: Tune's own restore of this folder warns about it ...
-    tune.Tuner.restore(
-        str(experiment.tune_dir), trainable=run_trial, storage_filesystem=tune_filesystem()
-    )
-    out, err = capfd.readouterr()
-    assert "fetch metrics" in out + err, err
-    restore_tuner(experiment, run_trial)  # ... and the sweep's says nothing of it.
-    out, err = capfd.readouterr()
-    assert "fetch metrics" not in out + err, err
+    assert "fetch metrics" in restored("tune")
+    # ... and the sweep's says nothing of it.
+    assert "fetch metrics" not in restored("sweep")
 
 
 def test_records_are_readable_as_the_umask_allows(tmp_path):
