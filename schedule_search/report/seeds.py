@@ -100,7 +100,7 @@ def add_seed_statistics(
             gap, gap_half, gap_n = interval([a - b for a, b in pairs])
             # Only against an envelope seed that ended with a loss: with none to pair with (no
             # envelope, a missing replica) there is no gap to call worse.
-            diverged = sum(1 for a, b in pairs if a == math.inf and math.isfinite(b))
+            diverged_alone = sum(1 for a, b in pairs if a == math.inf and math.isfinite(b))
             row["seeds"][h] = {
                 "losses": losses,
                 "mean": mean,
@@ -111,8 +111,10 @@ def add_seed_statistics(
                 "gap_half_width": gap_half,
                 "gap_n": gap_n,
                 "envelope_diverged": sum(1 for a, b in pairs if b == math.inf and math.isfinite(a)),
-                "diverged_alone": diverged,
-                "verdict": REFERENCE if label == envelope else verdict(gap, gap_half, diverged),
+                "diverged_alone": diverged_alone,
+                "verdict": REFERENCE
+                if label == envelope
+                else verdict(gap, gap_half, diverged_alone),
             }
 
 
@@ -147,10 +149,10 @@ def _plus_minus(mean: float, half_width: float, signed: bool = False) -> str:
 
 def _cell_text(cell: dict[str, Any], seeds: int) -> str:
     """`mean ± half-width [seeds counted, if not all] (gap ± half-width [pairs], verdict)`."""
-    if cell["n"] == 0 and not cell.get("diverged"):
+    if cell["n"] == 0 and not cell["diverged"]:
         return "n/a"
     counted = [f"{cell['n']} of {seeds} seeds"] if cell["n"] < seeds else []
-    if cell.get("diverged"):
+    if cell["diverged"]:
         counted.append(f"{cell['diverged']} diverged")
     loss = _plus_minus(cell["mean"], cell["half_width"]) if cell["n"] else "diverged"
     loss += f" [{', '.join(counted)}]" if counted else ""
@@ -158,7 +160,7 @@ def _cell_text(cell: dict[str, Any], seeds: int) -> str:
         return f"{loss} ({cell['verdict']})"
     pairs = [f"{cell['gap_n']} pair{'s' if cell['gap_n'] != 1 else ''}"]
     pairs = pairs if cell["gap_n"] < seeds else []
-    if cell.get("envelope_diverged"):
+    if cell["envelope_diverged"]:
         pairs.append(f"the envelope diverged on {cell['envelope_diverged']}")
     gap = _plus_minus(cell["gap"], cell["gap_half_width"], signed=True)
     gap += f" [{', '.join(pairs)}]" if pairs else ""

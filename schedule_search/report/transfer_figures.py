@@ -30,7 +30,7 @@ def plot_gaps(path: Path, table: dict[str, Any]) -> None:
                 continue
             gaps = [row["seeds"][h]["gap"] for h in horizons]
             errors = [row["seeds"][h]["gap_half_width"] for h in horizons]
-            diverged = [row["seeds"][h].get("diverged_alone", 0) > 0 for h in horizons]
+            diverged = [row["seeds"][h]["diverged_alone"] > 0 for h in horizons]
         else:
             gaps, errors = [row["gap_last"][h] for h in horizons], [math.nan] * len(horizons)
             diverged = [False] * len(horizons)
