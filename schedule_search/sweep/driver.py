@@ -69,7 +69,8 @@ def sweep(settings: SweepSettings, experiment: Experiment, resume: bool = False)
 def _known_trial_ids(experiment: Experiment) -> set[str]:
     """Trial ids in Tune's newest experiment snapshot (each trial is a JSON string in it).
     A damaged snapshot, or a damaged searcher state beside it, is a ConfigError: Tune would
-    print a traceback, and for the searcher's state hang."""
+    print a traceback, and for the searcher's state hang. The callbacks' state (the live
+    view's) is checked the same way."""
     states = sorted(experiment.tune_dir.glob("experiment_state-*.json"))
     if not states:
         return set()
@@ -82,7 +83,8 @@ def _known_trial_ids(experiment: Experiment) -> set[str]:
         known = {json.loads(entry[0])["trial_id"] for entry in snapshot["trial_data"]}
     except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
         raise ConfigError(f"{states[-1]}: damaged ({err.__class__.__name__}); {advice}") from None
-    for state in experiment.tune_dir.glob("searcher-state-*.pkl"):
+    pickles = ("searcher-state-*.pkl", "callback-states-*.pkl")
+    for state in (path for pattern in pickles for path in experiment.tune_dir.glob(pattern)):
         try:
             with open(state, "rb") as handle:
                 pickle.load(handle)

@@ -20,15 +20,25 @@ class TrialRecorder(tune.Callback):
     """Writes each trial's end (completed, stopped early, diverged, error) into its folder, as
     soon as it happens: a durable record that does not wait for Tune's next snapshot.
 
-    Tune pickles its callbacks with its state, so the recorder holds no path: it finds the
+    Tune pickles its callbacks once, at launch, so the recorder holds no path: it finds the
     experiment folder from each trial's Tune folder (`<experiment>/tune`), which Tune points
     at wherever the experiment is restored from. A folder moved or renamed since it was
-    launched has its trials recorded where it is now."""
+    launched has its trials recorded where it is now. What the live view has seen since
+    launch travels in `get_state`, which Tune saves with each snapshot."""
 
     def __init__(self, live_view: LiveView, fail_fast: FailFast) -> None:
         self.live_view = live_view
         self.fail_fast = fail_fast
         self.started: dict[str, float] = {}
+
+    def get_state(self) -> dict:
+        """Saved by Tune beside each experiment snapshot and handed to `set_state` on restore:
+        without it a resumed driver's view starts from the launch-time pickle, counting trials
+        that ended before the kill as waiting and their work as still to do."""
+        return {"live_view": self.live_view}
+
+    def set_state(self, state: dict) -> None:
+        self.live_view = state["live_view"]
 
     @staticmethod
     def experiment_of(trial) -> Experiment:

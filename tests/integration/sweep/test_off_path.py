@@ -93,11 +93,11 @@ def test_a_damaged_record_of_the_best_trial_is_named_and_never_ranked(
 
 
 @SHARES_THE_FINISHED_SWEEP
-@pytest.mark.parametrize("state", ["searcher-state", "experiment_state"])
+@pytest.mark.parametrize("state", ["searcher-state", "callback-states", "experiment_state"])
 def test_damaged_tune_state_is_one_line_and_no_hang(finished_sweep, tmp_path, state):
     storage, experiment = finished_sweep.copy_to(tmp_path)
-    if state == "searcher-state":
-        target = next(experiment.tune_dir.glob("searcher-state-*.pkl"))
+    if state != "experiment_state":
+        target = next(experiment.tune_dir.glob(f"{state}-*.pkl"))
         target.write_bytes(os.urandom(4096))
     else:
         target = sorted(experiment.tune_dir.glob("experiment_state-*.json"))[-1]

@@ -3,6 +3,7 @@ trials, export and the recipe, and a real SIGKILL of the sweep's driver followed
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import optuna
@@ -281,3 +282,7 @@ def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path
     resumes = [json.loads(e) for e in events if json.loads(e)["event"] == "resumed"]
     assert resumes and resumes[0]["tokens"] >= tokens_at_kill > 0, (resumes, tokens_at_kill)
     assert searcher_history(experiment) == samples
+    # The resumed driver's live view counts the trials that ended before each kill.
+    last = [line for line in resumed.stdout.splitlines() if line.startswith("[")][-1]
+    counts = dict((state, int(n)) for n, state in re.findall(r"(\d+) (\w+)", last.split("|")[0]))
+    assert counts["running"] == counts["waiting"] == 0 and sum(counts.values()) == samples, last
