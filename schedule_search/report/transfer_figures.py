@@ -7,54 +7,56 @@ import math
 from pathlib import Path
 from typing import Any
 
+from matplotlib.transforms import blended_transform_factory
+from matplotlib.typing import ColorType
+
 from schedule_search.core.config import parse
 from schedule_search.report.figures import plt, save_figure
 from schedule_search.train.config import TrainConfig
 from schedule_search.transfer.plan import History, TransferStudy, last_iterate
 
-__all__ = ["plot_gaps", "plot_losses", "plot_lrs"]
+__all__ = ["gap_figure", "plot_gaps", "plot_losses", "plot_lrs"]
 
 
 def plot_gaps(path: Path, table: dict[str, Any]) -> None:
+    save_figure(gap_figure(table), path)
+
+
+def gap_figure(table: dict[str, Any]) -> plt.Figure:
     """Each method's gap to the envelope (last iterate) against the horizon: with seeds, the
-    mean gap paired by seed and its 95% interval as error bars; with one seed, the gap."""
+    mean gap paired by seed and its 95% interval as error bars; with one seed, the gap. A
+    horizon where a row diverged on every seed has no gap to draw: it is marked with an x at
+    the top edge, and a row with no finite gap at all still has its legend entry, so that
+    nothing a user might pick vanishes from the picture."""
     horizons = [f"{h:g}" for h in table["horizons"]]
     x = [float(h) for h in horizons]
     figure, axis = plt.subplots(figsize=(8, 5))
     axis.axhline(0.0, color="k", linewidth=1, label="envelope (best of both, last iterate)")
+    top_edge = blended_transform_factory(axis.transData, axis.transAxes)
     for label, row in table["rows"].items():
         if label.startswith(("envelope", "cosine envelope", "linear-to-zero envelope")):
             continue
         if table["seeds"] > 1:
             if "seeds" not in row:
                 continue
-            gaps = [row["seeds"][h]["gap"] for h in horizons]
-            errors = [row["seeds"][h]["gap_half_width"] for h in horizons]
-            diverged = [row["seeds"][h]["diverged_alone"] > 0 for h in horizons]
+            cells = [row["seeds"][h] for h in horizons]
+            gaps = [cell["gap"] for cell in cells]
+            errors = [cell["gap_half_width"] for cell in cells]
+            diverged = [cell["diverged_alone"] > 0 for cell in cells]
+            lost = [cell["n"] == 0 and cell["diverged"] > 0 for cell in cells]
         else:
             gaps, errors = [row["gap_last"][h] for h in horizons], [math.nan] * len(horizons)
             diverged = [False] * len(horizons)
-        if not any(math.isfinite(g) for g in gaps):
+            lost = [row["loss"].get(h) == math.inf for h in horizons]
+        if any(math.isfinite(g) for g in gaps):
+            color = axis.plot(x, gaps, "-", label=label)[0].get_color()
+            _draw_points(axis, x, gaps, errors, diverged, color, hollow=table["seeds"] > 1)
+        elif any(lost):
+            color = axis.plot([], [], "x", markersize=9, label=f"{label} (diverged)")[0].get_color()
+        else:
             continue
-        color = axis.plot(x, gaps, "-", label=label)[0].get_color()
-        bars = [i for i, e in enumerate(errors) if math.isfinite(e)]
-        axis.errorbar(
-            [x[i] for i in bars],
-            [gaps[i] for i in bars],
-            yerr=[errors[i] for i in bars],
-            fmt="o",
-            capsize=3,
-            markersize=4,
-            color=color,
-        )
-        # A point with no interval (one seed, or one pair left) is drawn hollow, not as an
-        # interval of width 0.
-        bare = [i for i, e in enumerate(errors) if not math.isfinite(e)]
-        hollow = "none" if table["seeds"] > 1 else color
-        axis.plot([x[i] for i in bare], [gaps[i] for i in bare], "o", color=color, mfc=hollow)
-        # A row that diverged on a seed reads worse there, whatever its other seeds' mean.
-        marked = [i for i, flag in enumerate(diverged) if flag]
-        axis.plot([x[i] for i in marked], [gaps[i] for i in marked], "kx", markersize=9)
+        gone = [x[i] for i, flag in enumerate(lost) if flag]
+        axis.plot(gone, [0.97] * len(gone), "x", color=color, markersize=9, transform=top_edge)
     axis.set_xscale("log", base=2)
     axis.set_xticks(x, [f"{h}x" for h in horizons])
     axis.set_xlabel("horizon (Chinchilla multiples)")
@@ -62,15 +64,49 @@ def plot_gaps(path: Path, table: dict[str, Any]) -> None:
     seeds = table["seeds"]
     axis.set_title(
         f"mean over up to {seeds} seeds, paired by seed, with its 95% interval\n"
-        "(hollow: no interval; x: diverged on a seed its envelope did not, the mean is over the "
-        "others)"
+        "(hollow: no interval; black x: diverged on a seed its envelope did not, the mean is "
+        "over the others; x at the top: diverged on every seed)"
         if seeds > 1
-        else "one seed",
+        else "one seed (x at the top: diverged)",
         fontsize=9,
     )
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
-    save_figure(figure, path)
+    return figure
+
+
+def _draw_points(
+    axis: plt.Axes,
+    x: list[float],
+    gaps: list[float],
+    errors: list[float],
+    diverged: list[bool],
+    color: ColorType,
+    hollow: bool,
+) -> None:
+    """A row's gaps: with their intervals as error bars; hollow (with seeds) where there is no
+    interval rather than an interval of width 0; a black x where the row diverged on a seed
+    its envelope did not, which reads worse there whatever its other seeds' mean."""
+    bars = [i for i, e in enumerate(errors) if math.isfinite(e)]
+    axis.errorbar(
+        [x[i] for i in bars],
+        [gaps[i] for i in bars],
+        yerr=[errors[i] for i in bars],
+        fmt="o",
+        capsize=3,
+        markersize=4,
+        color=color,
+    )
+    bare = [i for i, e in enumerate(errors) if not math.isfinite(e)]
+    axis.plot(
+        [x[i] for i in bare],
+        [gaps[i] for i in bare],
+        "o",
+        color=color,
+        mfc="none" if hollow else color,
+    )
+    marked = [i for i, flag in enumerate(diverged) if flag and math.isfinite(gaps[i])]
+    axis.plot([x[i] for i in marked], [gaps[i] for i in marked], "kx", markersize=9)
 
 
 def plot_losses(path: Path, study: TransferStudy, runs: dict[str, History], table: dict) -> None:

@@ -9,8 +9,10 @@ import pytest
 from scipy import stats
 from test_transfer_plan import ALL, BASE, history
 
+from schedule_search.report.figures import plt
 from schedule_search.report.seeds import interval, seeds_markdown, verdict
 from schedule_search.report.transfer import ENVELOPE_ROW, transfer_table
+from schedule_search.report.transfer_figures import gap_figure
 from schedule_search.transfer.plan import TransferStudy
 from schedule_search.transfer.seeds import pending_with_seeds, seed_of, seeded
 
@@ -212,3 +214,39 @@ def test_without_an_envelope_a_diverged_seed_is_counted_but_no_gap_is_called():
     assert cell["diverged"] == 1 and cell["diverged_alone"] == 0 and cell["verdict"] == "n/a"
     line = next(row for row in seeds_markdown(table).splitlines() if row.startswith("| recipe"))
     assert "[2 of 3 seeds, 1 diverged] (n/a)" in line, line
+
+
+def _diverged_marks(figure, label: str) -> list[float]:
+    """The horizons the gap figure marks at its top edge for the row `label` (which the legend
+    must name as diverged)."""
+    axis = figure.axes[0]
+    legend = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert f"{label} (diverged)" in legend, legend
+    return [
+        float(x)
+        for line in axis.get_lines()
+        if line.get_transform() != axis.transData and list(line.get_ydata()) == [0.97]
+        for x in line.get_xdata()
+    ]
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_a_row_that_diverged_on_every_seed_stays_in_the_gap_figure(seeds):
+    """No finite gap to draw, yet the row a user might pick is named in the legend and its
+    horizon is marked at the top edge, with one seed as with three."""
+    if seeds == 3:
+        table = _one_horizon_study([math.inf] * 3, [1.00, 1.05, 0.95])
+    else:
+        s = TransferStudy(BASE, [1.0], ["recipe", "cosine"], 1.0)
+        runs = {
+            f"cosine-1x-lr{lr:g}": history((1.0, loss)) for lr, loss in ((0.05, 1.3), (0.1, 1.0))
+        }
+        runs["cosine-1x-lr0.2"] = history((1.0, 1.4))
+        runs["recipe"] = history((1.0, math.inf), key="val_loss_ema/0.04")
+        table = transfer_table(s, runs)
+    label = next(label for label in table["rows"] if label.startswith("recipe"))
+    figure = gap_figure(table)
+    try:
+        assert _diverged_marks(figure, label) == [1.0]
+    finally:
+        plt.close(figure)
