@@ -15,11 +15,13 @@ Usage: python bench/forecast.py   (about 2 minutes on 2 cores)
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 import numpy as np
 
+from schedule_search.core.files import strict_json
 from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.forecast.law import Curve, Run, fit_law
 from schedule_search.forecast.predict import BOOTSTRAP
@@ -59,7 +61,10 @@ def measured_rows() -> dict[str, tuple[Run, dict[float, float]]]:
     for name in ("recipe", "constant"):
         entry = table["runs"][name]
         schedule = ScheduleConfig(**{k: v for k, v in entry["schedule"].items() if k != "horizon"})
-        losses = {float(h): cell["best_ema"] for h, cell in entry["losses"].items()}
+        losses = {  # null: not finite (the run diverged)
+            float(h): math.nan if cell["best_ema"] is None else cell["best_ema"]
+            for h, cell in entry["losses"].items()
+        }
         rows[name] = (Run(entry["lr"], schedule, MICROBATCHES), losses)
     return rows
 
@@ -109,7 +114,7 @@ def main() -> None:
         "cells": cells,
         "order": order,
     }
-    (OUT / "forecast.json").write_text(json.dumps(document, indent=1))
+    (OUT / "forecast.json").write_text(strict_json(document))
     print(f"written: {OUT / 'forecast.json'}")
 
 

@@ -29,15 +29,23 @@ from schedule_search.transfer.plan import History, TransferStudy
 from schedule_search.transfer.seeds import pending_with_seeds, seed_of, seeded
 
 
-def history(losses: dict[str, dict[str, float]]) -> History:
+def number(value: float | None) -> float:
+    """A loss as transfer.json holds it: null where it was not finite (a diverged run)."""
+    return math.nan if value is None else value
+
+
+def history(losses: dict[str, dict[str, float | None]]) -> History:
     """A recorded run's evaluations: its last iterate and its bank's best member."""
     out = []
     for horizon, row in losses.items():
         metrics: dict[str, Any] = {"chinchilla": float(horizon), "tokens": 0}
-        metrics |= {"val_loss": row["objective"], "val_loss_raw": row["last_iterate"]}
-        fraction = row["best_ema_fraction"]
+        metrics |= {
+            "val_loss": number(row["objective"]),
+            "val_loss_raw": number(row["last_iterate"]),
+        }
+        fraction = number(row["best_ema_fraction"])
         if math.isfinite(fraction) and fraction > 0:
-            metrics[f"val_loss_ema/{fraction:g}"] = row["best_ema"]
+            metrics[f"val_loss_ema/{fraction:g}"] = number(row["best_ema"])
         out.append(Evaluation.from_metrics(metrics))
     return out
 

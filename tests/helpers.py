@@ -1,7 +1,9 @@
-"""Shared test utilities: run a function on N real gloo ranks, write configs and recipes."""
+"""Shared test utilities: run a function on N real gloo ranks, write configs and recipes, read
+JSON as strict parsers do."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +64,12 @@ def recipe_file(path, n_params: int, tokens_per_reference_step: float, microbatc
     )
     write_recipe(path, spec)
     return path
+
+
+def strict_loads(text: str) -> Any:
+    """json.loads that refuses NaN and Infinity, as jq, browsers and RFC 8259 parsers do."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)

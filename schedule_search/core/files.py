@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "as_if_created", "atomic_write_bytes", "atomic_write_text", "read_jsonl"]
+__all__ = [
+    "append_jsonl",
+    "as_if_created",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "read_jsonl",
+    "strict_json",
+]
 
 
 def _current_umask() -> int:
@@ -65,6 +73,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def strict_json(data: Any) -> str:
+    """`data` as JSON that every reader parses (jq, a browser, a strict parser), for the
+    tables a user reads: a number that is not finite (a run that diverged: inf; a mean over no
+    seeds, a trial not yet evaluated: NaN) is written as null. Python's json would write
+    `NaN` and `Infinity`, which only Python reads back. Records the package reads back
+    itself keep Python's form: there a diverged loss stays distinct from a missing one."""
+    return json.dumps(_finite(data), indent=1, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
-from schedule_search.core.files import atomic_write_text
+from schedule_search.core.files import atomic_write_text, strict_json
 from schedule_search.forecast.predict import Forecast
 
 __all__ = ["write_forecast"]
@@ -35,7 +34,7 @@ def write_forecast(forecast: Forecast, folder: Path) -> Path:
         "rows": rows,
     }
     path = folder / "forecast.json"
-    atomic_write_text(path, json.dumps(document, indent=1))
+    atomic_write_text(path, strict_json(document))
     _plot(forecast, folder / "forecast.png")
     return path
 

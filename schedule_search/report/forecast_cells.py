@@ -27,6 +27,10 @@ MEASURED_AS = {
 }
 
 
+#: The numbers of a forecast cell.
+NUMBERS = ("loss", "low", "high")
+
+
 def read_forecast(sweep_root: Path, recipe_trial: str | None) -> dict[str, Any] | None:
     """The sweep's forecast of the transferred recipe, or None where there is none (or it is
     of another recipe trial, or cannot be read, or is not shaped as `forecast` writes it: the
@@ -40,17 +44,20 @@ def read_forecast(sweep_root: Path, recipe_trial: str | None) -> dict[str, Any] 
         return None
     if not _well_formed(document) or document.get("recipe_trial") != recipe_trial:
         return None
+    for row in document["rows"].values():  # a number that was not finite is written as null
+        for cell in row.values():
+            cell.update({key: math.nan for key in NUMBERS if cell[key] is None})
     return document
 
 
 def _well_formed(document: Any) -> bool:
-    """rows: label -> horizon -> a cell with numbers for loss, low and high."""
+    """rows: label -> horizon -> a cell with numbers (or null) for loss, low and high."""
     rows = document.get("rows") if isinstance(document, dict) else None
     if not isinstance(rows, dict) or not all(isinstance(row, dict) for row in rows.values()):
         return False
     return all(
         isinstance(cell, dict)
-        and all(isinstance(cell.get(key), int | float) for key in ("loss", "low", "high"))
+        and all(key in cell and isinstance(cell[key], int | float | None) for key in NUMBERS)
         for row in rows.values()
         for cell in row.values()
     )

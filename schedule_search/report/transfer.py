@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from schedule_search.core.files import atomic_write_text
+from schedule_search.core.files import atomic_write_text, strict_json
 from schedule_search.report.forecast_cells import forecast_cells, forecast_markdown, read_forecast
 from schedule_search.report.seeds import add_seed_statistics, seeds_markdown
 from schedule_search.report.transfer_figures import plot_gaps, plot_losses, plot_lrs
@@ -313,7 +313,7 @@ def write_transfer_report(
     forecast = read_forecast(root.parent, _launched_recipe_trial(root))
     if forecast is not None:
         table["forecast"] = forecast_cells(forecast, table)
-    atomic_write_text(root / "transfer.json", json.dumps(table, indent=1))
+    atomic_write_text(root / "transfer.json", strict_json(table))
     chosen_on = " (seed 0: the seed the grids chose on)" if table["seeds"] > 1 else ""
     atomic_write_text(
         root / "transfer.md",

@@ -30,7 +30,7 @@ from typing import Any
 
 from schedule_search.core.averaging import loss_key
 from schedule_search.core.config import ConfigError
-from schedule_search.core.files import append_jsonl, atomic_write_text, read_jsonl
+from schedule_search.core.files import append_jsonl, atomic_write_text, read_jsonl, strict_json
 from schedule_search.core.states import State
 from schedule_search.store.records import read_records
 
@@ -307,7 +307,5 @@ class Experiment:
                 + [r.reason]
             )
         atomic_write_text(self.root / "trials.csv", buffer.getvalue())
-        atomic_write_text(
-            self.root / "trials.json", json.dumps([asdict(r) for r in rows], indent=1)
-        )
+        atomic_write_text(self.root / "trials.json", strict_json([asdict(r) for r in rows]))
         return rows

@@ -6,14 +6,16 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import strict_loads
 from scipy import stats
 from test_transfer_plan import ALL, BASE, history
 
 from schedule_search.report.figures import plt
 from schedule_search.report.seeds import interval, seeds_markdown, verdict
-from schedule_search.report.transfer import ENVELOPE_ROW, transfer_table
+from schedule_search.report.transfer import ENVELOPE_ROW, transfer_table, write_transfer_report
 from schedule_search.report.transfer_figures import gap_figure
 from schedule_search.transfer.plan import TransferStudy
+from schedule_search.transfer.run import RunRecord
 from schedule_search.transfer.seeds import pending_with_seeds, seed_of, seeded
 
 
@@ -145,16 +147,22 @@ def test_a_replayed_round_plans_its_replicas_again_and_runs_none_that_ended():
     assert "recipe@seed1" not in replay and replay["constant@seed1"] == first["constant@seed1"]
 
 
-def _one_horizon_study(recipe: list[float | None], envelope: list[float]) -> dict:
-    """A 3-seed table at 1x: the recipe's and the envelope's loss on each seed (inf: the run
-    diverged; None: the run is missing)."""
-    s = TransferStudy(BASE, [1.0], ["recipe", "cosine"], 1.0)
+ONE_HORIZON = TransferStudy(BASE, [1.0], ["recipe", "cosine"], 1.0)
+
+
+def _one_horizon_runs(recipe: list[float | None], envelope: list[float]) -> dict:
+    """The runs of a 3-seed study at 1x: the recipe's and the envelope's loss on each seed
+    (inf: the run diverged; None: the run is missing)."""
     runs = {f"cosine-1x-lr{lr:g}": history((1.0, loss)) for lr, loss in ((0.05, 1.3), (0.2, 1.4))}
     for seed in range(3):
         runs[seeded("cosine-1x-lr0.1", seed)] = history((1.0, envelope[seed]))
         if recipe[seed] is not None:
             runs[seeded("recipe", seed)] = history((1.0, recipe[seed]), key="val_loss_ema/0.04")
-    return transfer_table(s, runs)
+    return runs
+
+
+def _one_horizon_study(recipe: list[float | None], envelope: list[float]) -> dict:
+    return transfer_table(ONE_HORIZON, _one_horizon_runs(recipe, envelope))
 
 
 def test_a_row_that_diverged_on_a_seed_reads_worse_whatever_its_other_seeds_say():
@@ -250,3 +258,16 @@ def test_a_row_that_diverged_on_every_seed_stays_in_the_gap_figure(seeds):
         assert _diverged_marks(figure, label) == [1.0]
     finally:
         plt.close(figure)
+
+
+def test_the_transfer_json_of_a_diverged_replica_is_strict_json(tmp_path):
+    """A replica that diverged has an infinite loss in the table; transfer.json writes it as
+    null, so that jq or a browser reads the file too; the markdown still counts it."""
+    runs = _one_horizon_runs([0.99, 1.039, math.inf], [1.00, 1.05, 0.95])
+    records = {name: RunRecord(runs[name], {}, f"round1/{name}") for name in runs}
+    write_transfer_report(tmp_path, ONE_HORIZON, records, [])
+    table = strict_loads((tmp_path / "transfer.json").read_text())
+    recipe = next(row for label, row in table["rows"].items() if label.startswith("recipe"))
+    assert recipe["seeds"]["1"]["losses"][2] is None and recipe["seeds"]["1"]["diverged"] == 1
+    assert table["runs"]["recipe@seed2"]["losses"]["1"]["objective"] is None
+    assert "[2 of 3 seeds, 1 diverged]" in (tmp_path / "transfer.md").read_text()
