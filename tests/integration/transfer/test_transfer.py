@@ -21,16 +21,51 @@ from schedule_search.train.launch import run_local
 from schedule_search.transfer.run import continuation, run_names, transfer_base
 from schedule_search.transfer.seeds import seed_of, seeded
 
+#: A user's task module: linreg whose runs of seed 1 hold their first micro-batch while the file
+#: `hold` names exists. A transfer of `--seeds 2` starts its seed-0 runs first, so once one
+#: has completed, a replica started after it waits before its first evaluation for as long
+#: as the test needs (the moment of the kill below), at no CPU.
+GATED_TASK = """
+import os
+import time
+
+from schedule_search.tasks.linreg import build
+
+
+class Gated:
+    def __init__(self, task, hold):
+        self.task, self.hold = task, hold
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def microbatch(self, index, rank, world_size):
+        while os.path.exists(self.hold):
+            time.sleep(0.05)
+        return self.task.microbatch(index, rank, world_size)
+
+
+def make(seed, hold, **options):
+    task = build(options, seed=seed)
+    return Gated(task, hold) if seed == 1 else task
+"""
+
 
 @pytest.mark.slow
 @pytest.mark.cost(180)
 @pytest.mark.timeout(600)
-def test_small_transfer_on_linreg(tmp_path):
+def test_small_transfer_on_linreg(tmp_path, monkeypatch):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "gated.py").write_text(GATED_TASK)
+    monkeypatch.syspath_prepend(str(code))  # the straight reference run below builds it too
+    monkeypatch.setenv("PYTHONPATH", str(code))  # the CLI's driver imports it from there
+    hold = tmp_path / "hold"
     space = {
         "name": "lt",
         "samples": 1,
         "base": {
-            "task": {"name": "linreg", "dim": 64, "batch": 16},
+            "task": {"name": "gated:make", "hold": str(hold), "dim": 64, "batch": 16},
             "optimizer": {"name": "sgd", "lr": 0.1},
             "schedule": {"kind": "poly", "alpha": 4.0, "warmup": 0.05, "gamma": 0.5},
             "ema": {"fractions": [0.0, 0.04], "objective": "best"},
@@ -81,13 +116,15 @@ def test_small_transfer_on_linreg(tmp_path):
     assert continuation(sweep, trial_id, transfer_base(sweep, 2)[0], 2) == on_one
 
     # SIGKILL of the transfer's driver (and its Ray) once a run has finished and another has
-    # started but not yet evaluated (its config written, no metrics); run it again.
+    # started but not yet evaluated (its config written, no metrics: a replica held by the
+    # gated task); run it again.
     # Linear-to-zero grids and schedule-free AdamW go through the same rounds (their plans and
     # the table are tested in test_transfer_plan, their runs in test_train); left out here to
     # keep this short.
     transfer = [*cli, "transfer", "lt", "--to", "2", "--concurrency", "2", "--storage", storage]
     transfer += ["--methods", "recipe,constant,cosine,wsd", "--seeds", "2"]
     first = Experiment(sweep.root / "transfer" / "round1")
+    hold.touch()
     driver = subprocess.Popen(
         transfer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -104,15 +141,17 @@ def test_small_transfer_on_linreg(tmp_path):
     while True:
         assert driver.poll() is None and time.monotonic() < deadline
         if "completed" in states().values():
-            # The records are read with the whole session frozen, so the run seen pending
-            # cannot evaluate between the look and the kill: runs this small are pending for
-            # a fraction of a second (Ray's workers outlive a killpg of the driver).
+            # A held replica stays pending; any other run this small is pending for a fraction
+            # of a second, so the records are read with the whole session frozen: a run seen
+            # pending cannot evaluate between the look and the kill (Ray's workers outlive a
+            # killpg of the driver).
             with frozen(driver.pid):
                 if the_moment(at_kill := states()):
                     kill_session(driver.pid)
                     break
         time.sleep(0.01)
     driver.wait()
+    hold.unlink()  # the replicas train on from here
     finished = {
         t: first.read_trial_json(t, "result.json")
         for t in first.trial_ids()
@@ -122,6 +161,8 @@ def test_small_transfer_on_linreg(tmp_path):
     assert never_evaluated and not any(
         first.read_trial_json(t, "metrics.json") for t in never_evaluated
     )
+    held = {t for name, t in run_names(first).items() if seed_of(name)[1] == 1}
+    assert held & set(never_evaluated), (at_kill, held)  # the moment came from the gate
     done = subprocess.run(transfer, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     for trial_id, result in finished.items():  # finished runs are kept, not redone
