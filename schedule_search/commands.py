@@ -272,7 +272,23 @@ def status(args: argparse.Namespace) -> int:
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()  # a clear error when there is no such sweep
     _print_table(experiment)
+    if (experiment.root / "transfer" / "launch.json").exists():
+        _print_transfer(experiment.root, _again("transfer", args.name, args.storage))
     return 0
+
+
+def _print_transfer(root: Path, again: str) -> None:
+    from rich.console import Console
+
+    from schedule_search.report.transfer_status import transfer_status
+
+    try:
+        summary, table = transfer_status(root, again)
+    except (OSError, ValueError) as err:  # the sweep's table stands; say what is unreadable
+        print(f"transfer: {root / 'transfer'}: unreadable ({err})", file=sys.stderr)
+        return
+    print(summary)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 def export(args: argparse.Namespace) -> int:

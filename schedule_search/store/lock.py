@@ -13,7 +13,7 @@ from pathlib import Path
 
 from schedule_search.core.config import ConfigError
 
-__all__ = ["experiment_lock"]
+__all__ = ["experiment_lock", "lock_holder"]
 
 
 @contextlib.contextmanager
@@ -40,3 +40,21 @@ def experiment_lock(root: Path, verb: str) -> Iterator[None]:
     finally:
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
+
+
+def lock_holder(root: Path) -> str | None:
+    """Who holds the experiment's lock now (`` `transfer` by pid 7763 since ...``), or None
+    when no driver runs: the kernel answers, so a killed driver's stale text is not taken
+    for a live one."""
+    path = root / ".lock"
+    try:
+        handle = open(path)  # noqa: SIM115 - closed below, the lock probed while open
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "another process"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None

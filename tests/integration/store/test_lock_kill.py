@@ -1,4 +1,5 @@
-"""A SIGKILLed driver holds nothing: the kernel drops its flock, so a resume goes ahead."""
+"""A SIGKILLed driver holds nothing: the kernel drops its flock, so a resume goes ahead, and
+`status` no longer names it as at work (its text stays in the lock file)."""
 
 import signal
 import subprocess
@@ -8,7 +9,7 @@ import pytest
 
 from schedule_search.core.config import ConfigError
 from schedule_search.store.experiment import Experiment, SweepSettings
-from schedule_search.store.lock import experiment_lock
+from schedule_search.store.lock import experiment_lock, lock_holder
 
 
 @pytest.mark.slow
@@ -31,6 +32,7 @@ def test_a_killed_holder_holds_nothing(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "held"
+        assert lock_holder(experiment.root).startswith(f"`sweep` by pid {holder.pid} since ")
         with (
             pytest.raises(ConfigError, match="already running"),
             experiment_lock(experiment.root, "resume"),
@@ -38,6 +40,8 @@ def test_a_killed_holder_holds_nothing(tmp_path):
             pass
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+        assert f"pid {holder.pid}" in (experiment.root / ".lock").read_text()
+        assert lock_holder(experiment.root) is None
         with experiment_lock(experiment.root, "resume"):
             pass
     finally:
