@@ -25,7 +25,7 @@ def plot_gaps(path: Path, table: dict[str, Any]) -> None:
 def gap_figure(table: dict[str, Any]) -> plt.Figure:
     """Each method's gap to the envelope (last iterate) against the horizon: with seeds, the
     mean gap paired by seed and its 95% interval as error bars; with one seed, the gap. A
-    horizon where a row diverged on every seed has no gap to draw: it is marked with an x at
+    horizon where a row diverged on every seed has no gap to draw: it is marked with an x near
     the top edge, and a row with no finite gap at all still has its legend entry, so that
     nothing a user might pick vanishes from the picture."""
     horizons = [f"{h:g}" for h in table["horizons"]]
@@ -33,6 +33,7 @@ def gap_figure(table: dict[str, Any]) -> plt.Figure:
     figure, axis = plt.subplots(figsize=(8, 5))
     axis.axhline(0.0, color="k", linewidth=1, label="envelope (best of both, last iterate)")
     top_edge = blended_transform_factory(axis.transData, axis.transAxes)
+    lanes = 0
     for label, row in table["rows"].items():
         if label.startswith(("envelope", "cosine envelope", "linear-to-zero envelope")):
             continue
@@ -56,7 +57,10 @@ def gap_figure(table: dict[str, Any]) -> plt.Figure:
         else:
             continue
         gone = [x[i] for i, flag in enumerate(lost) if flag]
-        axis.plot(gone, [0.97] * len(gone), "x", color=color, markersize=9, transform=top_edge)
+        if gone:  # each row that diverged has a lane of its own, so no mark hides another
+            lane = 0.97 - 0.04 * lanes
+            axis.plot(gone, [lane] * len(gone), "x", color=color, markersize=9, transform=top_edge)
+            lanes += 1
     axis.set_xscale("log", base=2)
     axis.set_xticks(x, [f"{h}x" for h in horizons])
     axis.set_xlabel("horizon (Chinchilla multiples)")

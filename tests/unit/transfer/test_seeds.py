@@ -224,18 +224,22 @@ def test_without_an_envelope_a_diverged_seed_is_counted_but_no_gap_is_called():
     assert "[2 of 3 seeds, 1 diverged] (n/a)" in line, line
 
 
-def _diverged_marks(figure, label: str) -> list[float]:
-    """The horizons the gap figure marks at its top edge for the row `label` (which the legend
-    must name as diverged)."""
+def _diverged_marks(figure, legend_name: str) -> tuple[list[float], set[float]]:
+    """The horizons the gap figure marks near its top edge for the row named `legend_name` in
+    its legend, and the heights of its marks (in axes units)."""
     axis = figure.axes[0]
-    legend = [text.get_text() for text in axis.get_legend().get_texts()]
-    assert f"{label} (diverged)" in legend, legend
-    return [
-        float(x)
+    legend = axis.get_legend()
+    names = [text.get_text() for text in legend.get_texts()]
+    assert legend_name in names, names
+    color = legend.legend_handles[names.index(legend_name)].get_color()
+    marks = [
+        line
         for line in axis.get_lines()
-        if line.get_transform() != axis.transData and list(line.get_ydata()) == [0.97]
-        for x in line.get_xdata()
+        if line.get_transform() != axis.transData and line.get_color() == color
     ]
+    return sorted(float(x) for line in marks for x in line.get_xdata()), {
+        float(y) for line in marks for y in line.get_ydata()
+    }
 
 
 @pytest.mark.parametrize("seeds", [1, 3])
@@ -255,9 +259,39 @@ def test_a_row_that_diverged_on_every_seed_stays_in_the_gap_figure(seeds):
     label = next(label for label in table["rows"] if label.startswith("recipe"))
     figure = gap_figure(table)
     try:
-        assert _diverged_marks(figure, label) == [1.0]
+        # named in the legend as diverged, since it has no line to draw
+        assert _diverged_marks(figure, f"{label} (diverged)")[0] == [1.0]
     finally:
         plt.close(figure)
+
+
+def test_rows_that_diverged_at_one_horizon_are_marked_in_lanes_of_their_own():
+    """Two rows diverged on every seed at 2x: each is marked there, one above the other, and
+    neither at 1x, where they have gaps."""
+    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "constant", "cosine"], 1.0)
+    runs = {}
+    for h in (1.0, 2.0):
+        for lr, loss in ((0.05, 1.3), (0.2, 1.4)):
+            runs[f"cosine-{h:g}x-lr{lr:g}"] = history(*((t, loss) for t in (1.0, 2.0) if t <= h))
+    for seed in range(3):
+        runs[seeded("cosine-1x-lr0.1", seed)] = history((1.0, 1.0 + 0.02 * seed))
+        runs[seeded("cosine-2x-lr0.1", seed)] = history((1.0, 1.0), (2.0, 0.9 + 0.02 * seed))
+        diverged = ((1.0, 1.01 + 0.02 * seed), (2.0, math.inf))
+        runs[seeded("recipe", seed)] = history(*diverged, key="val_loss_ema/0.04")
+        runs[seeded("constant", seed)] = history(*diverged)
+    table = transfer_table(s, runs)
+    figure = gap_figure(table)
+    try:
+        marks = [
+            _diverged_marks(figure, label)
+            for label in table["rows"]
+            if label.startswith(("recipe", "constant"))
+        ]
+    finally:
+        plt.close(figure)
+    assert [horizons for horizons, _ in marks] == [[2.0], [2.0]]
+    heights = [height for _, height in marks]
+    assert all(len(h) == 1 for h in heights) and heights[0] != heights[1], heights
 
 
 def test_the_transfer_json_of_a_diverged_replica_is_strict_json(tmp_path):
