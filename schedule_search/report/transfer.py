@@ -192,6 +192,7 @@ def transfer_table(
     for row in rows.values():
         row["gap_last"] = {h: row["loss"][h] - both_last[h] for h in horizons}
         row["gap_ema"] = {h: row["loss"][h] - both_ema[h] for h in horizons}
+        row["diverged"] = {h: _diverged(row, runs, h) for h in horizons}
     if seeds > 1:
         envelope = ENVELOPE_ROW if ENVELOPE_ROW in rows else None
         add_seed_statistics(rows, everything, seeds, horizons, envelope)
@@ -207,6 +208,14 @@ def transfer_table(
             for kind, scores in envelopes.items()
         },
     }
+
+
+def _diverged(row: dict[str, Any], runs: dict[str, History], h: float) -> bool:
+    """Whether the seed-0 run behind `row` at `h` ended without a finite loss there: the table
+    is made once every run has ended, so a run that has no loss at a horizon it trained to
+    diverged (`report.seeds` reads its replicas the same way)."""
+    name = row["source"].get(h, (None, "last"))[0]
+    return name in runs and not math.isfinite(row["loss"][h])
 
 
 def _losses(envelope: dict[float, tuple[float, str | None, bool]]) -> dict[float, float]:

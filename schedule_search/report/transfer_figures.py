@@ -48,7 +48,7 @@ def gap_figure(table: dict[str, Any]) -> plt.Figure:
         else:
             gaps, errors = [row["gap_last"][h] for h in horizons], [math.nan] * len(horizons)
             diverged = [False] * len(horizons)
-            lost = [row["loss"].get(h) == math.inf for h in horizons]
+            lost = [row["diverged"][h] for h in horizons]
         if any(math.isfinite(g) for g in gaps):
             color = axis.plot(x, gaps, "-", label=label)[0].get_color()
             _draw_points(axis, x, gaps, errors, diverged, color, hollow=table["seeds"] > 1)

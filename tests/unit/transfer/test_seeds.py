@@ -245,22 +245,41 @@ def _diverged_marks(figure, legend_name: str) -> tuple[list[float], set[float]]:
 @pytest.mark.parametrize("seeds", [1, 3])
 def test_a_row_that_diverged_on_every_seed_stays_in_the_gap_figure(seeds):
     """No finite gap to draw, yet the row a user might pick is named in the legend and its
-    horizon is marked at the top edge, with one seed as with three."""
+    horizon is marked at the top edge, with one seed as with three. With one seed the run
+    diverged as runs do: before its first evaluation, so it has none (no loss, not +inf)."""
     if seeds == 3:
         table = _one_horizon_study([math.inf] * 3, [1.00, 1.05, 0.95])
     else:
         s = TransferStudy(BASE, [1.0], ["recipe", "cosine"], 1.0)
-        runs = {
-            f"cosine-1x-lr{lr:g}": history((1.0, loss)) for lr, loss in ((0.05, 1.3), (0.1, 1.0))
-        }
-        runs["cosine-1x-lr0.2"] = history((1.0, 1.4))
-        runs["recipe"] = history((1.0, math.inf), key="val_loss_ema/0.04")
+        grid = ((0.05, 1.3), (0.1, 1.0), (0.2, 1.4))
+        runs = {f"cosine-1x-lr{lr:g}": history((1.0, loss)) for lr, loss in grid}
+        runs["recipe"] = history()
         table = transfer_table(s, runs)
     label = next(label for label in table["rows"] if label.startswith("recipe"))
     figure = gap_figure(table)
     try:
         # named in the legend as diverged, since it has no line to draw
         assert _diverged_marks(figure, f"{label} (diverged)")[0] == [1.0]
+    finally:
+        plt.close(figure)
+
+
+def test_with_one_seed_a_run_that_diverged_before_a_horizon_is_marked_there_only():
+    """The recipe evaluated at 1x, then diverged: its gap at 1x is drawn, 2x is marked; the
+    cosine tuned for 1x never trained to 2x, so its missing 2x is not a divergence."""
+    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "cosine"], 1.0)
+    runs = {}
+    for h in (1.0, 2.0):
+        for lr, loss in ((0.05, 1.3), (0.1, 1.0), (0.2, 1.4)):
+            runs[f"cosine-{h:g}x-lr{lr:g}"] = history(*((t, loss) for t in (1.0, 2.0) if t <= h))
+    runs["recipe"] = history((1.0, 1.01), key="val_loss_ema/0.04")
+    table = transfer_table(s, runs)
+    label = next(label for label in table["rows"] if label.startswith("recipe"))
+    assert table["rows"][label]["diverged"] == {"1": False, "2": True}
+    assert not any(row["diverged"]["2"] for name, row in table["rows"].items() if name != label)
+    figure = gap_figure(table)
+    try:
+        assert _diverged_marks(figure, label)[0] == [2.0]
     finally:
         plt.close(figure)
 
