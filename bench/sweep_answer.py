@@ -116,7 +116,7 @@ def fresh_sweep(keep: Path | None) -> dict:
         rows = json.loads((clone / "runs" / "default" / "trials.json").read_text())
         if keep is not None:
             shutil.copytree(clone / "runs" / "default", keep, symlinks=True)
-    done = [r for r in rows if r["state"] == "completed"]
+    done = [r for r in rows if r["state"] == "completed" and r["val_loss"] is not None]
     best = min(done, key=lambda r: r["val_loss"]) if done else None
     return {"wall_s": wall, "trials": len(rows), "completed": len(done), "best": best}
 

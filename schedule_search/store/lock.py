@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,20 +17,31 @@ from schedule_search.core.config import ConfigError
 __all__ = ["experiment_lock", "lock_holder"]
 
 
+#: `status` probes the lock with a shared flock for an instant (`lock_holder`): a driver that
+#: starts in that instant waits it out rather than be refused.
+PROBE_GRACE_S = 0.5
+
+
 @contextlib.contextmanager
 def experiment_lock(root: Path, verb: str) -> Iterator[None]:
     root.mkdir(parents=True, exist_ok=True)
     path = root / ".lock"
     handle = open(path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ConfigError(
-            f"{root}: already running ({holder}); wait for it to end or stop it first"
-        ) from None
+    deadline = time.monotonic() + PROBE_GRACE_S
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise ConfigError(
+                f"{root}: already running ({holder}); wait for it to end or stop it first"
+            ) from None
     now = datetime.datetime.now().isoformat(timespec="seconds")
     handle.seek(0)
     handle.truncate()

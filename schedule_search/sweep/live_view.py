@@ -66,8 +66,9 @@ class LiveView:
         self.best: tuple[float, str, dict[str, Any]] | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Tune pickles its callbacks with the experiment and restores them on resume: the
-        trials seen are kept, the clock and the rate start again with the new driver."""
+        """A resumed driver gets the view back through the recorder's callback state (Tune
+        saves it with each snapshot): the trials seen are kept, the clock and the rate start
+        again with the new driver."""
         self.__dict__.update(state)
         self.started_at = self.wall_clock()
         self.units_this_session = 0.0

@@ -2,6 +2,8 @@
 again, every run audited (the plan and the table alone: tests/unit/transfer/)."""
 
 import json
+import math
+import os
 import subprocess
 import sys
 import time
@@ -59,7 +61,9 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch):
     code.mkdir()
     (code / "gated.py").write_text(GATED_TASK)
     monkeypatch.syspath_prepend(str(code))  # the straight reference run below builds it too
-    monkeypatch.setenv("PYTHONPATH", str(code))  # the CLI's driver imports it from there
+    # the CLI's driver imports it from there
+    paths = [str(code), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
     hold = tmp_path / "hold"
     space = {
         "name": "lt",
@@ -216,7 +220,11 @@ def check_every_run_is_audited(root: Path, table: dict) -> dict:
         entry = table["runs"][name]
         assert entry["where"] == f"{phase.root.name}/{trial}"
         history = phase.read_trial_json(trial, "metrics.json")
-        recorded = {f"{r['chinchilla']:g}": r["val_loss"] for r in history}
+        # transfer.json is strict JSON: a loss that is not finite (diverged) is null there
+        recorded = {
+            f"{r['chinchilla']:g}": r["val_loss"] if math.isfinite(r["val_loss"]) else None
+            for r in history
+        }
         assert {h: v["objective"] for h, v in entry["losses"].items()} == recorded
         config = phase.read_trial_json(trial, "config.json")["config"]
         assert entry["lr"] == config["optimizer"]["lr"]

@@ -2,10 +2,9 @@
 the curves, a horizon-free run's forecast knows no horizon, and too few curves are refused in
 one line."""
 
-import json
-
 import numpy as np
 import pytest
+from helpers import strict_loads
 
 from schedule_search.cli import main
 from schedule_search.core.schedules import ScheduleConfig
@@ -115,7 +114,7 @@ def write_sweep(
 def test_the_verb_forecasts_from_the_records_and_writes_its_table(tmp_path, capsys):
     experiment = write_sweep(tmp_path / "runs" / "lf", sweep_like_runs(), EVAL_AT)
     assert main(["forecast", "lf", "--storage", str(tmp_path / "runs"), "--to", "8,32"]) == 0
-    document = json.loads((experiment.root / "forecast" / "forecast.json").read_text())
+    document = strict_loads((experiment.root / "forecast" / "forecast.json").read_text())
     assert document["horizons"] == [4.0, 8.0, 32.0]
     assert (experiment.root / "forecast" / "forecast.png").read_bytes()[:4] == b"\x89PNG"
     # The recipe is the best trial at 4x; its raw-weights law is TRUTH, its objective 0.01
@@ -151,7 +150,7 @@ def test_constant_ema_is_forecast_at_the_lr_the_transfer_trains_it_at(tmp_path):
     optimizers = dict.fromkeys(schedule_free, "schedulefree_adamw")
     experiment = write_sweep(tmp_path / "runs" / "sf", runs, EVAL_AT, optimizers)
     assert main(["forecast", "sf", "--storage", str(tmp_path / "runs"), "--to", "8"]) == 0
-    document = json.loads((experiment.root / "forecast" / "forecast.json").read_text())
+    document = strict_loads((experiment.root / "forecast" / "forecast.json").read_text())
     assert document["recipe_trial"] == f"t{best:04d}"
     constant = document["rows"]["constant + EMA (best EMA)"]["8"]
     assert constant["lr"] == pytest.approx(runs[best].lr / np.sqrt(10.0))

@@ -3,6 +3,7 @@ the row it predicts, its error is forecast minus measured, and a forecast of ano
 (or none) leaves the table as it is."""
 
 import json
+import math
 
 import pytest
 from test_transfer_plan import BASE, history
@@ -99,3 +100,15 @@ def test_the_transfer_report_shows_the_forecast_of_its_own_recipe_only(tmp_path)
         assert ("forecast" in table) is shown
         # The recipe's measured 1x cell beside its forecast, with the error.
         assert ("0.9500 [0.9400, 0.9700] (0.9700, -0.0200)" in text) is shown
+
+
+def test_a_forecast_number_written_as_null_reads_back_as_nan(tmp_path):
+    """forecast.json is strict JSON (a number that was not finite is null): read back, such a
+    cell is a forecast like any other, with NaN where its number was."""
+    (tmp_path / "forecast").mkdir()
+    document = json.loads(json.dumps(FORECAST))
+    document["rows"]["recipe (best EMA)"]["2"]["low"] = None
+    (tmp_path / "forecast" / "forecast.json").write_text(json.dumps(document))
+    read = read_forecast(tmp_path, "t1")
+    assert read is not None and math.isnan(read["rows"]["recipe (best EMA)"]["2"]["low"])
+    assert read["rows"]["recipe (best EMA)"]["2"]["loss"] == 0.90

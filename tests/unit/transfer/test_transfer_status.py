@@ -4,6 +4,8 @@ alone. A run of a stopped transfer that had not ended reads `unfinished`, not `r
 
 import json
 
+import pytest
+
 from schedule_search.cli import main
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import SweepFacts, write_facts
@@ -60,7 +62,9 @@ def test_status_shows_a_transfer_running_stopped_and_done(tmp_path, capsys):
 
     lines = status_lines(storage, capsys)
     summary = next(line for line in lines if line.startswith("transfer to 2x, 2 seeds: "))
-    assert summary.startswith("transfer to 2x, 2 seeds: stopped; 3 runs started in 1 round")
+    assert summary.startswith(
+        "transfer to 2x, 2 seeds: stopped; 3 runs started in 1 round (1 completed, 2 unfinished)"
+    ), summary
     assert f"transfer tl --storage {storage}` resumes it" in summary, summary
     assert row_of(lines, "constant") == ["1", "constant", "completed", "2x", "2x", "1.2500"]
     seed1 = ["1", "constant@seed1", "unfinished", "1x", "2x", "1.6000"]
@@ -71,8 +75,17 @@ def test_status_shows_a_transfer_running_stopped_and_done(tmp_path, capsys):
         lines = status_lines(storage, capsys)
     summary = next(line for line in lines if line.startswith("transfer to"))
     assert ": running (`transfer` by pid " in summary, summary
+    assert "(1 completed, 1 pending, 1 running)" in summary, summary
     assert row_of(lines, "constant@seed1")[2] == "running"
     assert row_of(lines, "recipe@seed1")[2] == "pending"
+
+    # A table written by an earlier transfer does not make one with runs unfinished done;
+    # while the sweep's own resume holds the experiment, the transfer waits for it.
+    (sweep.root / "transfer" / "transfer.md").write_text("# Transfer\n")
+    with experiment_lock(sweep.root, "resume"):
+        lines = status_lines(storage, capsys)
+    summary = next(line for line in lines if line.startswith("transfer to"))
+    assert ": stopped; " in summary and "resumes it once `resume` by pid " in summary, summary
 
     runs = {name: (2.0, [(1.0, 1.5), (2.0, 1.2)], True) for name in runs}
     write_transfer(tmp_path / "done", runs)
@@ -83,10 +96,11 @@ def test_status_shows_a_transfer_running_stopped_and_done(tmp_path, capsys):
     assert ": done; 3 runs started in 1 round (3 completed); table in " in summary, summary
 
 
-def test_an_unreadable_transfer_leaves_the_sweeps_table_and_says_so(tmp_path, capsys):
+@pytest.mark.parametrize("launched", ["{not json", "[]", '{"to": null}'])
+def test_an_unreadable_transfer_leaves_the_sweeps_table_and_says_so(tmp_path, capsys, launched):
     storage = tmp_path / "runs"
     sweep = write_transfer(storage, {"constant": (2.0, [(1.0, 1.5)], False)})
-    (sweep.root / "transfer" / "launch.json").write_text("{not json")
+    (sweep.root / "transfer" / "launch.json").write_text(launched)
     assert main(["status", "tl", "--storage", str(storage)]) == 0
     out, err = capsys.readouterr()
     assert "tl: 0 trials" in out
@@ -94,3 +108,15 @@ def test_an_unreadable_transfer_leaves_the_sweeps_table_and_says_so(tmp_path, ca
         err.startswith(f"transfer: {sweep.root / 'transfer'}: unreadable (")
         and err.count("\n") == 1
     )
+
+
+def test_damaged_run_records_are_shown_as_corrupt_and_status_goes_on(tmp_path, capsys):
+    storage = tmp_path / "runs"
+    runs = {"constant": (2.0, [(1.0, 1.5)], False), "recipe": (2.0, [(1.0, 1.4)], False)}
+    sweep = write_transfer(storage, runs)
+    (sweep.root / "transfer" / "round1" / "trials" / "r1" / "config.json").write_text("[1, 2]")
+    (sweep.root / "transfer" / "round1.bak").mkdir()  # not a round: left out
+    lines = status_lines(storage, capsys)
+    assert row_of(lines, "r1") == ["1", "r1", "corrupt", "-", "-", "-"]
+    assert row_of(lines, "constant")[:3] == ["1", "constant", "unfinished"]
+    assert sum(" constant " in line for line in lines) == 1
