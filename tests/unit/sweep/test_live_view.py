@@ -65,3 +65,24 @@ def test_a_view_restored_by_tune_keeps_its_trials_and_restarts_its_clock():
     assert restored.trials.keys() == {"a"} and restored.trials["a"].reached == 2.0
     assert restored.units_this_session == 0.0 and restored.eta_s() is None
     assert restored.status_line().startswith("[0m0")
+
+
+def test_a_restored_recorder_takes_back_the_view_of_the_trials_seen():
+    """Tune restores its callbacks from the pickle written at launch, then hands each the state
+    it saved with its last snapshot: the recorder's view comes back with the trials that
+    ended before the stop (not counted as waiting)."""
+    from ray import cloudpickle
+
+    from schedule_search.sweep.failures import FailFast
+    from schedule_search.sweep.recorder import TrialRecorder
+
+    view = LiveView(2, 8.0, lambda p: (0.0, 4.0))
+    view.started("a", {}, 0.0)
+    view.result("a", {}, {"chinchilla": 4.0, "val_loss": 1.0})
+    view.finished("a", {}, "completed")
+    at_launch = TrialRecorder(LiveView(2, 8.0, lambda p: (0.0, 4.0)), FailFast())
+    restored = cloudpickle.loads(cloudpickle.dumps(at_launch))
+    saved = TrialRecorder(view, FailFast()).get_state()
+    restored.set_state(cloudpickle.loads(cloudpickle.dumps(saved)))
+    line = restored.live_view.status_line()
+    assert "1 completed" in line and "1 waiting" in line and "best 1.0000" in line, line
