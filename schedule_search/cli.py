@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_forecast(verbs)
     for verb, handler, text in (
         ("resume", commands.resume, "continue a killed or stopped sweep"),
-        ("status", commands.status, "a table of the sweep's trials"),
+        ("status", commands.status, "a table of the sweep's trials (and its transfer's runs)"),
         ("export", commands.export, "write the best trial's config as a recipe"),
         ("report", commands.report, "a markdown report with plots and TensorBoard files"),
     ):
