@@ -332,6 +332,9 @@ def forecast(args: argparse.Namespace) -> int:
             texts = [f"{t} lr {cells[h].lr:.2g}" for t, h in zip(texts, horizons, strict=True)]
         table.add_row(label, *texts)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+    # How well each law fits the curves it was fitted on: a forecast is no closer than that.
+    for name, fit in predicted.laws.items():
+        print(f"law {name}: fitted on {len(fit.curves)} trials, rmse {fit.law.rmse:.4f} nats")
     print(f"forecast: {write_forecast(predicted, experiment.root / 'forecast')}")
     return 0
 

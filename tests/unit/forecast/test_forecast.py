@@ -136,7 +136,12 @@ def test_the_verb_forecasts_from_the_records_and_writes_its_table(tmp_path, caps
         cosine = ScheduleConfig(kind="cosine", horizon=horizon, warmup=recipe.schedule.warmup)
         truth = min(TRUTH.predict(Run(lr, cosine, recipe.microbatches), [horizon])[0] for lr in lrs)
         assert envelope["loss"] == pytest.approx(truth, abs=1e-4)
-    assert "recipe (best EMA)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "recipe (best EMA)" in out
+    # each law's fit on its own curves: these are the law's own, so it fits them closely
+    fits = [line for line in out.splitlines() if line.startswith("law ")]
+    assert {line.split(":")[0] for line in fits} == {f"law {name}" for name in document["laws"]}
+    assert all(float(line.split("rmse ")[1].split()[0]) < 1e-3 for line in fits), fits
 
 
 def test_constant_ema_is_forecast_at_the_lr_the_transfer_trains_it_at(tmp_path):
