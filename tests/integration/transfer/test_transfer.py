@@ -24,9 +24,10 @@ from schedule_search.transfer.run import continuation, run_names, transfer_base
 from schedule_search.transfer.seeds import seed_of, seeded
 
 #: A user's task module: linreg whose runs of seed 1 hold their first micro-batch while the file
-#: `hold` names exists. A transfer of `--seeds 2` starts its seed-0 runs first, so once one
-#: has completed, a replica started after it waits before its first evaluation for as long
-#: as the test needs (the moment of the kill below), at no CPU.
+#: `hold` names exists. A round starts its runs longest first, a run before its replicas of
+#: the same length (`constant` before `constant@seed1`), so the first run started is seed 0's
+#: trunk: once it has completed, a replica started meanwhile waits before its first
+#: evaluation for as long as the test needs (the moment of the kill below), at no CPU.
 GATED_TASK = """
 import os
 import time
