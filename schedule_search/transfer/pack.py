@@ -4,8 +4,10 @@ The tinylm transfer study is about 500x Chinchilla of training, more than one si
 small machine; this carries it from one to the next. Kept: every record (configs, metrics,
 results, events), Tune's experiment state, and only the checkpoints still needed: the sweep
 checkpoint the recipe continues from (a resumed study reads it to know the recipe continued),
-the newest of every unfinished run, and every checkpoint of a trunk (the constant run of each
-seed, the schedule-free grid) whose branches have not all finished. Left out: window logs
+the newest of every unfinished run, of each seed's constant trunk the checkpoint every WSD
+branch not yet finished starts from (the first at or after its branch point, as the plan
+looks it up; every checkpoint of a trunk that has not evaluated yet), and every checkpoint of
+the schedule-free grid while its continuation has not finished. Left out: window logs
 (`windows.jsonl`; no table or plot reads them), every other checkpoint, and the local Ray's
 authentication token (`ray_token`, left behind by a killed sweep or transfer): a secret of a
 Ray that no longer runs, and of no use elsewhere.
@@ -22,6 +24,9 @@ import json
 import tarfile
 from pathlib import Path
 
+from schedule_search.core.config import parse
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.evaluation import Evaluation
 from schedule_search.transfer.plan import WSD
 from schedule_search.transfer.seeds import seeded
 
@@ -41,27 +46,57 @@ def needed_checkpoints(root: Path) -> set[Path]:
     keep = {Path(launched["continued_from"]).resolve()} if launched.get("continued_from") else set()
     finished: set[str] = set()
     train_dirs: dict[str, Path] = {}
+    trials: dict[str, Path] = {}
     for trial in sorted((root / "transfer").glob("round*/trials/*")):
         config = json.loads((trial / "config.json").read_text())
         name = config["params"]["run"]
         train_dirs[name] = trial.parent.parent / "train" / config.get("train_run", "")
+        trials[name] = trial
         if (trial / "result.json").exists():
             finished.add(name)
         elif config.get("train_run") and (
             folders := sorted(train_dirs[name].glob(f"{CHECKPOINT_PREFIX}*"))
         ):
             keep.add(folders[-1].resolve())
-    trunks = []
-    branches = [f"{prefix}-{h:g}x" for prefix in WSD for h in launched["horizons"]]
     for seed in range(launched.get("seeds", 1)):  # each seed's WSD branches have a trunk
-        if not {seeded(branch, seed) for branch in branches} <= finished:
-            trunks.append(seeded("constant", seed))
+        trunk = seeded("constant", seed)
+        points = [
+            (1 - share) * h
+            for prefix, (share, _, _) in WSD.items()
+            for h in launched["horizons"]
+            if seeded(f"{prefix}-{h:g}x", seed) not in finished
+        ]
+        if points and trunk in train_dirs:
+            keep |= _branch_starts(trials[trunk], train_dirs[trunk], points)
     if "schedulefree" not in finished:
-        trunks += [n for n in train_dirs if n.startswith("schedulefree-lr")]
-    for name in trunks:
-        if name in train_dirs:
+        for name in (n for n in train_dirs if n.startswith("schedulefree-lr")):
             keep |= {f.resolve() for f in train_dirs[name].glob(f"{CHECKPOINT_PREFIX}*")}
     return keep
+
+
+def _branch_starts(trial: Path, train_dir: Path, points: list[float]) -> set[Path]:
+    """The checkpoints of the trunk `trial` (trained in `train_dir`) that branches at
+    `points` (Chinchilla multiples) start from: for each, the first at or after it, the
+    lookup `transfer.run` makes. Before its first evaluation the trunk's token clock is not
+    recorded: all its checkpoints."""
+    folders = sorted(train_dir.glob(f"{CHECKPOINT_PREFIX}*"))
+    evaluations = json.loads((trial / "metrics.json").read_text())
+    if not evaluations:
+        return {f.resolve() for f in folders}
+    config = json.loads((trial / "config.json").read_text())["config"]
+    per_param = parse(TrainConfig, config, str(trial / "config.json")).budget.tokens_per_param
+    clock = Evaluation.from_metrics(evaluations[-1]).token_clock(per_param)
+    keep = set()
+    for point in points:
+        tokens = clock.tokens(point)
+        start = next((f for f in folders if _tokens_of(f) >= tokens), None)
+        if start is not None:  # a point the trunk has not reached: made when it gets there
+            keep.add(start.resolve())
+    return keep
+
+
+def _tokens_of(folder: Path) -> int:
+    return int(folder.name.removeprefix(CHECKPOINT_PREFIX))
 
 
 def pack_transfer(storage: Path, name: str, out: Path) -> set[Path]:

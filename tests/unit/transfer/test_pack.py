@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 
 import schedule_search
+from schedule_search.train.evaluation import Evaluation
 from schedule_search.transfer.pack import LEFT_OUT, pack_transfer
 
 
@@ -102,3 +103,36 @@ def test_the_token_left_out_is_the_file_the_local_ray_writes():
         and isinstance(node.value, ast.Constant)
     ]
     assert value in LEFT_OUT
+
+
+def trunk(root: Path, checkpoints: list[int], finished: bool, branches_done: list[str]) -> Path:
+    """A study to 2x whose constant trunk (1x = 10 tokens) has `checkpoints`, and whose WSD
+    branches `branches_done` have finished."""
+    (root / "transfer").mkdir(parents=True)
+    plan = {"continued_from": None, "horizons": [1.0, 2.0]}
+    (root / "transfer" / "launch.json").write_text(json.dumps(plan))
+    rnd = root / "transfer" / "round1"
+    trial(rnd, "a", "constant", checkpoints, finished=finished)
+    folder = rnd / "trials" / "a"
+    config = {"params": {"run": "constant"}, "train_run": "run-a"}
+    config["config"] = {"budget": {"tokens_per_param": 10.0}}
+    (folder / "config.json").write_text(json.dumps(config))
+    evaluated = Evaluation(tokens=10, chinchilla=1.0, val_loss=1.0, n_params=1)
+    (folder / "metrics.json").write_text(json.dumps([evaluated.to_metrics()]))
+    for i, name in enumerate(branches_done):
+        trial(rnd, f"b{i}", name, [], finished=True)
+    return root
+
+
+def test_of_a_trunk_only_its_open_branches_starts_are_packed(tmp_path):
+    """The branches start at 0.9x and 1.8x (WSD, last 10%) and 0.8x and 1.6x (1 - sqrt, last
+    20%): of 1x = 10 tokens, the checkpoints at or after 9, 18, 8 and 16 tokens."""
+    every = [5, 8, 9, 10, 16, 17, 18, 20]
+    trunk(tmp_path / "open" / "runs" / "s", every, finished=True, branches_done=[])
+    assert checkpoints(packed(tmp_path / "open")) == {f"run-a@{t}" for t in (8, 9, 16, 18)}
+    done = ["wsd-1x", "wsd-sqrt-1x"]
+    trunk(tmp_path / "half" / "runs" / "s", every, finished=True, branches_done=done)
+    assert checkpoints(packed(tmp_path / "half")) == {"run-a@16", "run-a@18"}
+    # A trunk still training: what it has passed, and its newest to go on from.
+    trunk(tmp_path / "going" / "runs" / "s", every[:6], finished=False, branches_done=[])
+    assert checkpoints(packed(tmp_path / "going")) == {f"run-a@{t}" for t in (8, 9, 16, 17)}
