@@ -24,6 +24,7 @@ import json
 import tarfile
 from pathlib import Path
 
+from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import parse
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.evaluation import Evaluation
@@ -79,7 +80,7 @@ def _branch_starts(trial: Path, train_dir: Path, points: list[float]) -> set[Pat
     `points` (Chinchilla multiples) start from: for each, the first at or after it, the
     lookup `transfer.run` makes. Before its first evaluation the trunk's token clock is not
     recorded: all its checkpoints."""
-    folders = sorted(train_dir.glob(f"{CHECKPOINT_PREFIX}*"))
+    folders = ckpt.checkpoint_folders(train_dir)  # as transfer.run looks them up
     evaluations = json.loads((trial / "metrics.json").read_text())
     if not evaluations:
         return {f.resolve() for f in folders}
@@ -96,7 +97,7 @@ def _branch_starts(trial: Path, train_dir: Path, points: list[float]) -> set[Pat
 
 
 def _tokens_of(folder: Path) -> int:
-    return int(folder.name.removeprefix(CHECKPOINT_PREFIX))
+    return int(folder.name.removeprefix(ckpt.PREFIX))
 
 
 def pack_transfer(storage: Path, name: str, out: Path) -> set[Path]:
