@@ -142,7 +142,8 @@ class ScheduleConfig:
     """A schedule in Chinchilla multiples (so a recipe carries over across model sizes).
 
     `warmup`, `alpha` and `horizon` are multiples of 1x Chinchilla; `build` converts them to
-    reference steps once. `horizon` is only read by cosine and wsd, and must be set for them.
+    reference steps once. `horizon` is only read by cosine, linear and wsd, and must be set for
+    them.
 
     The defaults are the paper's proportions (Meterez et al. 2026): 1x Chinchilla = 12,500
     steps there, warmup W = 5,000 steps = 0.4x, and the selected offset alpha = 51,200 steps
@@ -176,6 +177,19 @@ class ScheduleConfig:
                 raise ValueError(f"horizon: required for a {self.kind} schedule")
             if self.horizon <= self.warmup:
                 raise ValueError(f"horizon: must exceed warmup ({self.warmup}), got {self.horizon}")
+        if self.kind == "wsd":
+            assert self.horizon is not None
+            start = (1.0 - self.decay_fraction) * self.horizon
+            # No stable phase: the LR would drop at the warmup's end (a start at the warmup's
+            # end, up to rounding, is the longest cooldown there is).
+            if start < self.warmup and not math.isclose(start, self.warmup):
+                # The largest fraction that fits, rounded down so that the value shown fits.
+                most = math.floor((1.0 - self.warmup / self.horizon) * 1e6) / 1e6
+                raise ValueError(
+                    f"decay_fraction: {self.decay_fraction:g} of horizon {self.horizon:g} starts "
+                    f"the cooldown at {start:g}, inside the warmup ({self.warmup:g}); expected "
+                    f"at most {most:g}"
+                )
 
     def build(self, steps_per_chinchilla: float) -> Schedule:
         warmup = Warmup(self.warmup * steps_per_chinchilla)

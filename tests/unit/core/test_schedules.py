@@ -90,6 +90,11 @@ def test_config_converts_chinchilla_multiples_to_steps():
     [
         ({"kind": "cosine"}, "horizon: required"),
         ({"kind": "wsd", "horizon": 0.01, "warmup": 0.05}, "horizon: must exceed warmup"),
+        (  # the cooldown from (1 - 0.95) * 4 = 0.2 would start inside the 0.4x warmup
+            {"kind": "wsd", "horizon": 4.0, "warmup": 0.4, "decay_fraction": 0.95},
+            r"schedule\.decay_fraction: 0.95 of horizon 4 starts the cooldown at 0.2, inside the "
+            r"warmup \(0.4\); expected at most 0.9",
+        ),
         ({"kind": "exponential"}, "kind"),
         ({"gamma": -1}, "gamma"),
         ({"floor": 1.5}, "floor"),
@@ -144,6 +149,22 @@ def test_wsd_sqrt_cooldown_equals_its_formula_and_reaches_exactly_zero_at_T(f):
     # The linear cooldown is unchanged.
     linear = ScheduleConfig(kind="wsd", warmup=0.05, horizon=1.0, decay_fraction=f).build(1000.0)
     assert linear(1000.0) == pytest.approx(0.1)
+
+
+def test_the_largest_decay_fraction_a_refusal_names_is_accepted():
+    with pytest.raises(ConfigError, match=r"expected at most 0\.866666") as err:
+        parse(ScheduleConfig, {"kind": "wsd", "horizon": 3.0, "decay_fraction": 0.9}, "x", "s")
+    most = float(str(err.value).rsplit(" ", 1)[1])
+    ScheduleConfig(kind="wsd", warmup=0.4, horizon=3.0, decay_fraction=most)
+
+
+def test_the_longest_wsd_cooldown_starts_where_the_warmup_ends_without_a_jump():
+    # (1 - 0.9) * 4 is 0.3999... in floating point: the warmup's end, not inside it.
+    config = ScheduleConfig(kind="wsd", warmup=0.4, horizon=4.0, decay_fraction=0.9)
+    schedule = config.build(100.0)
+    assert schedule(39.999) == pytest.approx(1.0, abs=1e-4)
+    assert schedule(40.001) == pytest.approx(1.0, abs=1e-4)
+    assert schedule(400.0) == pytest.approx(0.1)
 
 
 def test_linear_needs_a_horizon():
