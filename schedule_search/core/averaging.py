@@ -72,10 +72,19 @@ class EmaConfig:
                 f"(or '{BEST}')"
             )
 
+    @property
+    def evaluated(self) -> list[float]:
+        """The fractions an evaluation scores: the raw weights always (every record reports
+        `val_loss_raw`, which the reports, the forecast and the envelopes read), then the
+        bank's own."""
+        fractions = [float(f) for f in self.fractions]
+        return fractions if 0.0 in fractions else [0.0, *fractions]
+
     def pick(self, losses: Mapping[float, float]) -> tuple[float, float]:
-        """(fraction, loss) of the objective among `losses` (fraction -> validation loss).
-        `best` takes the lowest finite loss, the smaller fraction on a tie; a non-finite loss
-        counts as worst."""
+        """(fraction, loss) of the objective among `fractions` (`losses`: fraction ->
+        validation loss, of `evaluated`). `best` takes the lowest finite loss, the smaller
+        fraction on a tie; a non-finite loss counts as worst. The raw weights compete only
+        when they are one of `fractions`."""
         if self.objective != BEST:
             return float(self.objective), losses[float(self.objective)]
 
@@ -83,7 +92,7 @@ class EmaConfig:
             finite = math.isfinite(losses[frac])
             return (not finite, losses[frac] if finite else 0.0, frac)
 
-        frac = min(losses, key=rank)
+        frac = min((float(f) for f in self.fractions), key=rank)
         return frac, losses[frac]
 
 

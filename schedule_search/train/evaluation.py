@@ -140,7 +140,7 @@ def evaluate_losses(
         losses = {}
         with evaluation_weights(optimizer):
             reshard(model)
-            for frac in config.fractions:
+            for frac in config.evaluated:
                 with ema.swapped_in(frac), autocast:
                     losses[frac] = task.evaluate(model)
                     reshard(model)  # the next forward gathers the next weights swapped in

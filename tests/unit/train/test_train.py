@@ -100,6 +100,26 @@ def test_resume_of_a_finished_run_reports_the_final_result_again(tmp_path):
     assert again.status == "completed" and again.history == first.history
 
 
+def test_the_raw_weights_are_reported_even_when_the_bank_leaves_them_out(tmp_path):
+    """Every record holds val_loss_raw; the objective `best` still picks among the bank's own
+    fractions only, so the raw weights never win a bank that does not hold them."""
+    bank = {"fractions": [0.16, 0.32], "objective": "best"}
+    # A constant LR, so that the raw iterate wins some evaluations of the bank that holds it;
+    # both runs share the seed, so every loss is the same number in both.
+    lr = {"optimizer": {"lr": 0.05}, "schedule": {"kind": "constant", "warmup": 0.0}}
+    result = run_local(config(ema=bank, **lr), tmp_path / "without")
+    with_raw = run_local(
+        config(ema={**bank, "fractions": [0.0, 0.16, 0.32]}, **lr), tmp_path / "with"
+    )
+    for row, full in zip(result.history, with_raw.history, strict=True):
+        assert row["val_loss_raw"] == full["val_loss_raw"]
+        assert row["ema_fraction"] in (0.16, 0.32)
+        assert row["val_loss"] == min(full["val_loss_ema/0.16"], full["val_loss_ema/0.32"])
+    assert any(full["ema_fraction"] == 0.0 for full in with_raw.history), (
+        "with the raw weights in the bank they must win somewhere, or this test shows nothing"
+    )
+
+
 def test_schedule_free_is_evaluated_at_its_averaged_weights_and_trains_on(tmp_path):
     """Inside `evaluation_weights` the model holds schedule-free AdamW's averaged weights x,
     checked against the package's own reference implementation, which keeps x explicitly;
