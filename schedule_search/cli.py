@@ -161,7 +161,8 @@ def _add_sweep(verbs) -> None:
         "--horizon",
         type=_positive_float,
         default=None,
-        help="objective horizon in Chinchilla multiples (default: the space's)",
+        help="objective horizon in Chinchilla multiples (default: the space's); also the end T "
+        "of its cosine, linear and wsd schedules",
     )
     sweep.add_argument("--seed", type=int, default=None, help="TPE seed (default: the space's)")
     sweep.add_argument("--address", default=None, help="an existing Ray cluster (or RAY_ADDRESS)")

@@ -51,6 +51,7 @@ def _prepare_space(args: argparse.Namespace) -> tuple[dict, SearchSpace, SweepFa
     import yaml
 
     from schedule_search.core.config import load_yaml
+    from schedule_search.sweep.horizon import check_own_horizons, set_horizon
     from schedule_search.sweep.resolve import resolve_facts
     from schedule_search.sweep.space import load_space
 
@@ -62,9 +63,7 @@ def _prepare_space(args: argparse.Namespace) -> tuple[dict, SearchSpace, SweepFa
     if args.seed is not None:
         data["seed"] = args.seed
     if args.horizon is not None:
-        budget = data.setdefault("base", {}).setdefault("budget", {})
-        if isinstance(budget, dict):
-            budget["horizon"] = args.horizon
+        set_horizon(data, args.horizon)
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / args.space.name
         copy.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -72,6 +71,7 @@ def _prepare_space(args: argparse.Namespace) -> tuple[dict, SearchSpace, SweepFa
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always", InputWarning)
                 space = load_space(copy)
+                check_own_horizons(space, str(copy))
                 facts = resolve_facts(space, str(copy))
         except ConfigError as err:
             raise ConfigError(str(err).replace(str(copy), str(args.space))) from None

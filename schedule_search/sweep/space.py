@@ -77,7 +77,9 @@ __all__ = [
     "Param",
     "SearchSpace",
     "config_key",
+    "each_family",
     "load_space",
+    "located",
     "schedule_kinds",
     "searched",
     "set_dotted",
@@ -241,7 +243,7 @@ def load_space(path: str | Path, check_task: bool = True) -> SearchSpace:
             stacklevel=2,
         )
     built: list[Any] = []
-    for family in _each_family(space):
+    for family in each_family(space):
         fixed = {FAMILY: family} if family else {}
         try:
             base = trial_config(space, fixed, source)
@@ -259,7 +261,7 @@ def load_space(path: str | Path, check_task: bool = True) -> SearchSpace:
                     if check_task and config_key(key).startswith("task."):
                         build_task(config.task, config.seed, source)
                 except ConfigError as err:
-                    raise ConfigError(f"{err} (from {_located(key)} = {value!r})") from None
+                    raise ConfigError(f"{err} (from {located(key)} = {value!r})") from None
         _check_pairs(space, params, fixed, source)
     for i, point in enumerate(space.points_to_evaluate):
         _check_point(space, point, f"{source}: points_to_evaluate[{i}]")
@@ -279,7 +281,7 @@ def load_space(path: str | Path, check_task: bool = True) -> SearchSpace:
     return space
 
 
-def _each_family(space: SearchSpace) -> list[str | None]:
+def each_family(space: SearchSpace) -> list[str | None]:
     """Each family's name; None alone for a space without families."""
     return [*space.families] or [None]
 
@@ -296,7 +298,7 @@ def short_name(name: str) -> str:
     return f"{parent}.{last}" if last.isdigit() else last
 
 
-def _located(name: str) -> str:
+def located(name: str) -> str:
     """Where a searched name is written in the space file."""
     owner, _, key = name.rpartition(OWNED_BY)
     return f"families.{owner}.params.{key}" if owner else f"params.{key}"
@@ -313,7 +315,7 @@ def _check_pairs(
                 trial_config(space, {**fixed, key: value, other: other_value}, source)
             except ConfigError as err:
                 raise ConfigError(
-                    f"{err} (from {_located(key)} = {value!r} with {_located(other)} = "
+                    f"{err} (from {located(key)} = {value!r} with {located(other)} = "
                     f"{other_value!r})"
                 ) from None
 
@@ -329,9 +331,9 @@ def _check_searchable(source: str, name: str) -> None:
     key = config_key(name)
     section = key.split(".")[0]
     if key.startswith("base.") or section not in TrainConfig.__dataclass_fields__:
-        raise ConfigError(f"{source}: {_located(name)}: not a training config key")
+        raise ConfigError(f"{source}: {located(name)}: not a training config key")
     if section in UNSEARCHABLE:
-        raise ConfigError(f"{source}: {_located(name)}: not searchable; {UNSEARCHABLE[section]}")
+        raise ConfigError(f"{source}: {located(name)}: not searchable; {UNSEARCHABLE[section]}")
 
 
 def _check_point(space: SearchSpace, point: dict[str, Any], where: str) -> None:
@@ -360,7 +362,7 @@ def _choices(space: SearchSpace, key: str) -> set[Any]:
     """The values the training config key `key` takes across a space's trials: fixed in the
     base or a family's base, or searched (shared, or in a family)."""
     found: set[Any] = set()
-    for family in _each_family(space):
+    for family in each_family(space):
         config = trial_config(space, {FAMILY: family} if family else {})
         found.add(_get_dotted(to_dict(config), key))
     for name, param in searched(space).items():

@@ -74,6 +74,18 @@ MALFORMED = [
         variant("base/schedule", {"kind": "cosine", "horizon": 2.0}) | {"scheduler": "asha"},
         "scheduler: asha",
     ),
+    (
+        variant("base/schedule", {"kind": "cosine", "horizon": 4.0}),
+        "schedule.horizon: 4 is not budget.horizon 2; a cosine trial is scored at the end of its "
+        "own schedule",
+    ),
+    (
+        variant("base/schedule", {"kind": "wsd", "horizon": 2.0})
+        | {"params": {"schedule.horizon": {"type": "uniform", "low": 1.0, "high": 2.0}}},
+        "schedule.horizon: 1 is not budget.horizon 2; a wsd trial is scored at the end of its "
+        "own schedule (set both, or pass --horizon, which sets both) (from "
+        "params.schedule.horizon = 1.0)",
+    ),
     (variant("points_to_evaluate", [{"optimizer.momentum": 0.5}]), "not a searched param"),
     (
         variant("points_to_evaluate", [{"optimizer.lr": -3, "ema.objective": 0.1}]),
@@ -186,6 +198,58 @@ def test_bad_sweep_flags(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not storage.exists()
+
+
+HORIZON_AWARE_SPACES = {
+    "cosine in the base": variant("base/schedule", {"kind": "cosine", "horizon": 2.0}),
+    "a searched kind": variant("base/schedule", {"kind": "poly", "horizon": 2.0})
+    | {"params": {"schedule.kind": {"type": "choice", "values": ["poly", "cosine"]}}},
+    "a family's wsd": GOOD
+    | {
+        "families": {
+            "w": {
+                "base": {"schedule": {"kind": "wsd", "horizon": 2.0}},
+                "params": {"optimizer.momentum": {"type": "uniform", "low": 0.0, "high": 0.5}},
+            },
+            "p": {"params": {"schedule.gamma": {"type": "uniform", "low": 0.0, "high": 1.0}}},
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("space", HORIZON_AWARE_SPACES.values(), ids=HORIZON_AWARE_SPACES)
+def test_horizon_flag_moves_the_end_of_a_horizon_aware_schedule_with_the_budget(
+    tmp_path, capsys, space
+):
+    """`--horizon 3` on a space whose cosine or WSD trials end at its 2x budget sets both: the
+    space passes the check that refuses a schedule scored away from its end (without the flag,
+    below) and the sweep stops only at the existing experiment, before anything launches."""
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    storage = tmp_path / "runs"
+    (storage / "ok").mkdir(parents=True)
+    (storage / "ok" / "sweep.json").write_text("{}")
+    assert main(["sweep", str(path), "--storage", str(storage), "--horizon", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "experiment exists" in err and "schedule.horizon" not in err, err
+    assert yaml.safe_load(path.read_text()) == space, "the user's file is not rewritten"
+
+
+def test_a_family_scored_away_from_its_end_is_named_and_a_stored_space_still_reads(
+    tmp_path, capsys
+):
+    space = json.loads(json.dumps(HORIZON_AWARE_SPACES["a family's wsd"]))
+    space["families"]["w"]["base"]["schedule"]["horizon"] = 4.0
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    assert main(["sweep", str(path), "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "schedule.horizon: 4 is not budget.horizon 2; a wsd trial" in err and err.endswith(
+        "(in family w)\n"
+    ), err
+    # A new sweep's check only: an experiment's own copy (status, export, report, resume of a
+    # sweep launched before the check existed) still reads.
+    assert load_space(path).families.keys() == {"w", "p"}
 
 
 def test_missing_space_file(tmp_path, capsys):
