@@ -66,12 +66,14 @@ class RecipeLRScheduler(LRScheduler):
         return {k: v for k, v in self.__dict__.items() if k not in _FROM_THE_RECIPE}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the step count; refused (not silently rescaled) when the checkpoint was
-        saved with another `tokens_per_step`, which would move every later LR."""
-        saved = state_dict.get("tokens_per_step")
-        if saved is not None and float(saved) != self.tokens_per_step:
-            raise ValueError(
-                f"tokens_per_step: this scheduler has {self.tokens_per_step:g}, the checkpoint "
-                f"was saved with {float(saved):g}"
-            )
+        """Restore the step count; refused (neither value silently winning) when the checkpoint
+        was saved with another `tokens_per_step` or `peak_lr` (a recipe edited since), either
+        of which would move every later LR."""
+        for name in ("tokens_per_step", "peak_lr"):
+            saved, ours = state_dict.get(name), getattr(self, name)
+            if saved is not None and float(saved) != ours:
+                raise ValueError(
+                    f"{name}: this scheduler has {ours!r}, the checkpoint was saved with "
+                    f"{float(saved)!r}"
+                )
         self.__dict__.update({k: v for k, v in state_dict.items() if k not in _FROM_THE_RECIPE})

@@ -2,6 +2,8 @@
 against the recipe's own formula, torch's `LambdaLR` and the window's LR, through a save and
 load mid-run."""
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from schedule_search.core.window import WindowAccumulator, WindowConfig
-from schedule_search.recipe import load_recipe
+from schedule_search.recipe import Recipe, load_recipe
 
 RECIPE = Path(__file__).parent.parent / "data" / "recipe_format1.yaml"  # warmup, then 1/t^0.5
 TOKENS_PER_STEP = 512  # half a reference step: the warmup and the decay within 300 steps
@@ -131,5 +133,13 @@ def test_a_bad_tokens_per_step_or_a_checkpoint_of_another_is_refused():
             recipe.lr_scheduler(optimizer, tokens_per_step=bad)
     saved = recipe.lr_scheduler(optimizer, tokens_per_step=1024).state_dict()
     other = recipe.lr_scheduler(optimizer, tokens_per_step=512)
-    with pytest.raises(ValueError, match="saved with 1024"):
+    with pytest.raises(ValueError, match=r"saved with 1024\.0"):
         other.load_state_dict(saved)
+    # A recipe whose peak LR was edited since: neither LR wins in silence.
+    optimizer_spec = dataclasses.replace(recipe.spec.optimizer, lr=2 * recipe.peak_lr)
+    edited = Recipe(dataclasses.replace(recipe.spec, optimizer=optimizer_spec))
+    resumed = edited.lr_scheduler(edited.optimizer(groups), tokens_per_step=1024)
+    with pytest.raises(
+        ValueError, match=re.escape(f"peak_lr: this scheduler has {2 * recipe.peak_lr!r}")
+    ):
+        resumed.load_state_dict(saved)
