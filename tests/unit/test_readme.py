@@ -102,3 +102,16 @@ def test_readme_hf_trainer_example_runs(tmp_path, monkeypatch):
         assert torch.equal(tensor, averages[name].to(tensor.dtype)), name
     raw = dict(namespace["model"].named_parameters())
     assert any(not torch.equal(saved[name], raw[name].detach()) for name in saved)
+
+
+def test_the_readme_training_example_is_a_valid_config_of_the_papers_proportions():
+    from schedule_search.core.schedules import ScheduleConfig
+    from schedule_search.train.config import load_train_config
+
+    config = load_train_config(REPO / "examples" / "train.yaml")
+    # The paper's proportions, the defaults (an alpha of a few hundredths of 1x would collapse
+    # the 1/sqrt decay by 1x: not the paper's schedule).
+    paper = ScheduleConfig()
+    assert (config.schedule.kind, config.schedule.gamma) == ("poly", 0.5)
+    assert (config.schedule.warmup, config.schedule.alpha) == (paper.warmup, paper.alpha)
+    assert config.budget.horizon > config.schedule.warmup
