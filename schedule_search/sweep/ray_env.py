@@ -109,14 +109,39 @@ def _init_ray(settings: SweepSettings, code: Path | None) -> None:
             log_to_driver=False,
         )
     else:
-        ray.init(
+        _init_local_ray(settings)
+
+
+#: Local Rays started, each on a newly chosen dashboard port, before giving up.
+DASHBOARD_ATTEMPTS = 3
+
+
+def _init_local_ray(settings: SweepSettings) -> None:
+    """A new local Ray whose dashboard (the State API) listens where `_pin_state_api` said.
+
+    The port is free when chosen, but another process may bind it before the dashboard does;
+    Ray then logs an error and runs without a dashboard, and a stopped trial's workers would
+    never be freed (`_pin_state_api`). Such a Ray (its `dashboard_url` None) is shut down and
+    started again on another port."""
+    tried = []
+    for _ in range(DASHBOARD_ATTEMPTS):
+        port = _pin_state_api()
+        tried.append(str(port))
+        context = ray.init(
             address="local",  # a new Ray of its own, even beside a `ray start` cluster here
             num_cpus=os.cpu_count(),
             resources={"trial_slot": settings.concurrency},
-            dashboard_port=_pin_state_api(),
+            dashboard_port=port,
             logging_level=logging.WARNING,
             log_to_driver=False,
         )
+        if context.dashboard_url:
+            return
+        ray.shutdown()
+    raise RuntimeError(
+        f"the local Ray's dashboard could bind none of ports {', '.join(tried)} (Ray Train "
+        "needs its State API to free a stopped trial's workers)"
+    )
 
 
 def _pin_state_api() -> int:
