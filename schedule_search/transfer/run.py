@@ -32,7 +32,7 @@ from schedule_search.sweep.driver import run_tune
 from schedule_search.sweep.live_view import LiveView
 from schedule_search.sweep.ray_env import ray_session
 from schedule_search.train.config import TrainConfig
-from schedule_search.transfer.plan import METHODS, History, TransferStudy
+from schedule_search.transfer.plan import METHODS, WSD, History, TransferStudy
 from schedule_search.transfer.seeds import pending_with_seeds
 
 __all__ = [
@@ -125,6 +125,10 @@ def build_study(
         base, horizons, methods, base.budget.horizon, start, trial_id if start else None
     )
     study.pending({}, lambda run, multiple: Path())  # every first-round config is valid
+    if "wsd" in methods:  # built once the constant run has ended, hours in: checked now
+        for prefix in WSD:
+            for h in study.horizons:
+                parse(TrainConfig, study.wsd(prefix, h, Path()), f"transfer run {prefix}-{h:g}x")
     return study, trial_id
 
 
