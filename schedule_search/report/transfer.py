@@ -23,6 +23,7 @@ from schedule_search.transfer.plan import (
     WSD,
     History,
     TransferStudy,
+    at_horizon,
     best_of_bank,
     last_iterate,
     loss_at,
@@ -84,6 +85,18 @@ def _from(study: TransferStudy, name: str | None, score: str | float) -> dict:
     return {h: (name, score) for h in study.horizons}
 
 
+def _chosen_members(name: str, history: History, horizons: list[float]) -> dict:
+    """Where the replicas of run `name`, scored by its bank's best, are read: at the member
+    seed 0 chose at each horizon. Choosing again on each seed's own evaluation would give the
+    row a selection its rivals' replicas do not get."""
+    source: dict[float, tuple[str, str | float]] = {}
+    for h in horizons:
+        row = at_horizon(history, h)
+        fraction = best_of_bank(row)[1] if row is not None else math.nan
+        source[h] = (name, fraction if math.isfinite(fraction) else "ema")
+    return source
+
+
 def _recipe_row(study: TransferStudy, runs: dict[str, History], sweep_history: History) -> tuple:
     """The recipe, scored with its own EMA fraction; before the continuation its history is
     the sweep trial's."""
@@ -114,7 +127,7 @@ def _method_rows(
     if "constant" in runs:
         loss = {h: loss_at(runs["constant"], h, "ema") for h in horizons}
         rows["constant + EMA (best of bank)"] = _row(
-            loss, study.top, source=_from(study, "constant", "ema")
+            loss, study.top, source=_chosen_members("constant", runs["constant"], horizons)
         )
     spec = study.schedulefree_grid()
     best = spec.state(runs).best_lr if "schedulefree" in study.methods else None

@@ -14,6 +14,7 @@ from schedule_search.report.figures import plt
 from schedule_search.report.seeds import interval, seeds_markdown, verdict
 from schedule_search.report.transfer import ENVELOPE_ROW, transfer_table, write_transfer_report
 from schedule_search.report.transfer_figures import gap_figure
+from schedule_search.train.evaluation import Evaluation
 from schedule_search.transfer.plan import TransferStudy
 from schedule_search.transfer.run import RunRecord
 from schedule_search.transfer.seeds import pending_with_seeds, seed_of, seeded
@@ -120,6 +121,24 @@ def test_the_table_over_seeds_pairs_each_gap_by_seed():
     recipe_line = next(line for line in text.splitlines() if line.startswith("| recipe"))
     assert "(-0.0100 ± 0.0000, better)" in recipe_line
     assert "within noise" in next(line for line in text.splitlines() if "constant" in line)
+
+
+def test_a_best_of_bank_row_reads_its_replicas_at_the_member_seed_0_chose():
+    """Constant + EMA is scored by its bank's best member on seed 0; its replica is read at that
+    member, not at whichever is best on its own evaluation (a selection no rival gets)."""
+    s = TransferStudy(BASE, [1.0], ["constant", "cosine"], 1.0)
+
+    def banked(raw: float, ema: float) -> list[Evaluation]:
+        metrics = {"val_loss_raw": raw, "val_loss_ema/0.04": ema, "val_loss": min(raw, ema)}
+        return [Evaluation.from_metrics({"chinchilla": 1.0, "tokens": 100, **metrics})]
+
+    runs = {f"cosine-1x-lr{lr:g}": history((1.0, 1.3)) for lr in (0.05, 0.2)}
+    for seed in range(2):
+        runs[seeded("cosine-1x-lr0.1", seed)] = history((1.0, 1.2))
+    runs["constant"] = banked(raw=1.10, ema=1.00)  # seed 0: the EMA is the best member
+    runs["constant@seed1"] = banked(raw=0.90, ema=1.05)  # seed 1 alone would pick the raw
+    cell = transfer_table(s, runs)["rows"]["constant + EMA (best of bank)"]["seeds"]["1"]
+    assert cell["losses"] == pytest.approx([1.00, 1.05])
 
 
 def test_seeds_without_an_envelope_still_give_means_and_no_verdict():
