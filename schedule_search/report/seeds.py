@@ -128,8 +128,12 @@ def seeds_markdown(table: dict[str, Any]) -> str:
         "iterate, paired by seed: mean ± 95% interval, verdict)",
         "",
         "Seed 0 is the seed the grids and the sweep chose on, so its envelope is a minimum over "
-        "its grid; seeds 1 and up only measure. Rows without replicas (the envelope where each "
-        "run counts with its best EMA, whose LR may differ) are left out.",
+        "its grid and the recipe the sweep's best on its held-out sample; seeds 1 and up only "
+        "measure, and a row scored by its bank's best is read on them at the member seed 0 "
+        "chose. Rows without replicas (the envelope where each run counts with its best EMA, "
+        "whose LR may differ) are left out.",
+        "",
+        _chance_line(table),
         "",
         "| method | " + " | ".join(f"{h}x" for h in horizons) + " |",
         "| --- | " + " | ".join("---" for _ in horizons) + " |",
@@ -140,6 +144,21 @@ def seeds_markdown(table: dict[str, Any]) -> str:
         cells = [_cell_text(row["seeds"][h], seeds) for h in horizons]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _chance_line(table: dict[str, Any]) -> str:
+    """How many gaps the table judges: at 95% each, about one in twenty reads better or worse
+    by chance alone where no method differs."""
+    judged = sum(
+        1
+        for row in table["rows"].values()
+        for cell in row.get("seeds", {}).values()
+        if math.isfinite(cell["gap_half_width"]) and cell["verdict"] != REFERENCE
+    )
+    return (
+        f"{judged} gaps are judged, each at 95%: were no method different, about "
+        f"{judged / 20:.1f} of them would read better or worse by chance alone."
+    )
 
 
 def _plus_minus(mean: float, half_width: float, signed: bool = False) -> str:
