@@ -1,6 +1,6 @@
 """What a run reports at each evaluation point: one typed record, kept in `metrics.json` and
-sent to Ray Tune as a flat dict (`to_metrics`/`from_metrics`): every field under its name, each
-EMA's loss under `loss_key(fraction)`, the state as its word."""
+sent to Ray Tune as a flat dict (`to_metrics`/`from_metrics`): every field under its report
+name (DESIGN's metric list), each EMA's loss under `loss_key(fraction)`, the state as its word."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ from schedule_search.tasks.protocol import Task
 __all__ = ["Evaluation", "WindowStats", "evaluate_losses"]
 
 _LOSS_PREFIX = "val_loss_"
+#: Fields reported under DESIGN's shorter metric name: in the code `microbatches` is also the
+#: data position and the window's length, so the field says which micro-batches it counts.
+_REPORTED_AS = {"window_microbatches": "microbatches"}
+_FIELD_OF = {reported: name for name, reported in _REPORTED_AS.items()}
 
 
 @dataclass
@@ -68,8 +72,8 @@ class Evaluation:
         return TokenClock(self.n_params, tokens_per_param, self.tokens_per_reference_step)
 
     def to_metrics(self) -> dict[str, Any]:
-        """The flat dict Tune and `metrics.json` hold: each fraction's loss under
-        `loss_key(fraction)`, the state as its word."""
+        """The flat dict Tune and `metrics.json` hold: each field under its report name, each
+        fraction's loss under `loss_key(fraction)`, the state as its word."""
         metrics: dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
@@ -78,7 +82,7 @@ class Evaluation:
             elif item.name == "status":
                 metrics["status"] = str(value)
             else:
-                metrics[item.name] = value
+                metrics[_REPORTED_AS.get(item.name, item.name)] = value
         return metrics
 
     @classmethod
@@ -86,7 +90,9 @@ class Evaluation:
         """A record back from `to_metrics`. Raises KeyError/ValueError on a record that is not
         an evaluation."""
         known = {item.name for item in fields(cls)} - {"losses", "status"}
-        values = {k: v for k, v in metrics.items() if k in known}
+        values = {
+            _FIELD_OF.get(k, k): v for k, v in metrics.items() if _FIELD_OF.get(k, k) in known
+        }
         losses = {
             _fraction(key): float(loss)
             for key, loss in metrics.items()

@@ -34,3 +34,15 @@ def test_a_record_of_an_older_run_keeps_defaults_for_what_it_lacks():
     point = Evaluation.from_metrics(old)
     assert point.status == State.RUNNING and point.losses == {0.0: 3.0}
     assert math.isnan(point.ema_fraction) and point.milestone == 0
+
+
+def test_the_report_carries_every_metric_design_names():
+    """DESIGN's report list: tokens, chinchilla, val_loss, val_loss_raw, val_loss_ema/<frac>,
+    lr, grad_norm, tokens_per_s, window_s, microbatches (the mean window, summed over ranks)."""
+    point = Evaluation(tokens=64, chinchilla=1.0, val_loss=2.0, losses={0.0: 2.1, 0.04: 2.0})
+    point.window_microbatches = 6.0
+    metrics = point.to_metrics()
+    design = {"tokens", "chinchilla", "val_loss", "val_loss_raw", "val_loss_ema/0.04", "lr"}
+    assert set(metrics) >= design | {"grad_norm", "tokens_per_s", "window_s", "microbatches"}
+    assert metrics["microbatches"] == 6.0 and "window_microbatches" not in metrics
+    assert Evaluation.from_metrics(metrics).window_microbatches == 6.0

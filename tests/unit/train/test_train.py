@@ -88,7 +88,7 @@ def test_tinylm_beats_unigram_entropy_within_a_quarter_chinchilla(tmp_path):
         "grad_norm",
         "tokens_per_s",
         "window_s",
-        "window_microbatches",
+        "microbatches",
         "wall_s",
     }
 
