@@ -305,7 +305,7 @@ def _markdown(table: dict[str, Any]) -> str:
         for h in horizons:
             loss = row["loss"][h]
             if not math.isfinite(loss):
-                cells.append("n/a")
+                cells.append("diverged" if row["diverged"].get(h) else "n/a")
                 continue
             mark = marks.get((label, h), "")
             cells.append(f"{loss:.4f}{mark} ({row['gap_last'][h]:+.4f} / {row['gap_ema'][h]:+.4f})")
