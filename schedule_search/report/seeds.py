@@ -23,7 +23,14 @@ from scipy import stats
 from schedule_search.transfer.plan import History, loss_at
 from schedule_search.transfer.seeds import seeded
 
-__all__ = ["CONFIDENCE", "add_seed_statistics", "interval", "seeds_markdown", "verdict"]
+__all__ = [
+    "CONFIDENCE",
+    "add_seed_statistics",
+    "interval",
+    "plus_minus",
+    "seeds_markdown",
+    "verdict",
+]
 
 CONFIDENCE = 0.95
 #: The verdict of the envelope's own row: its gap to itself is 0 by construction.
@@ -161,7 +168,8 @@ def _chance_line(table: dict[str, Any]) -> str:
     )
 
 
-def _plus_minus(mean: float, half_width: float, signed: bool = False) -> str:
+def plus_minus(mean: float, half_width: float, signed: bool = False) -> str:
+    """`mean ± half-width`, or `mean, no interval` where there is none."""
     value = f"{mean:+.4f}" if signed else f"{mean:.4f}"
     return f"{value} ± {half_width:.4f}" if math.isfinite(half_width) else f"{value}, no interval"
 
@@ -173,7 +181,7 @@ def _cell_text(cell: dict[str, Any], seeds: int) -> str:
     counted = [f"{cell['n']} of {seeds} seeds"] if cell["n"] < seeds else []
     if cell["diverged"]:
         counted.append(f"{cell['diverged']} diverged")
-    loss = _plus_minus(cell["mean"], cell["half_width"]) if cell["n"] else "diverged"
+    loss = plus_minus(cell["mean"], cell["half_width"]) if cell["n"] else "diverged"
     loss += f" [{', '.join(counted)}]" if counted else ""
     if not math.isfinite(cell["gap"]) or cell["verdict"] == REFERENCE:
         return f"{loss} ({cell['verdict']})"
@@ -181,6 +189,6 @@ def _cell_text(cell: dict[str, Any], seeds: int) -> str:
     pairs = pairs if cell["gap_n"] < seeds else []
     if cell["envelope_diverged"]:
         pairs.append(f"the envelope diverged on {cell['envelope_diverged']}")
-    gap = _plus_minus(cell["gap"], cell["gap_half_width"], signed=True)
+    gap = plus_minus(cell["gap"], cell["gap_half_width"], signed=True)
     gap += f" [{', '.join(pairs)}]" if pairs else ""
     return f"{loss} ({gap}, {cell['verdict']})"

@@ -17,6 +17,7 @@ from typing import Any
 
 from schedule_search.core.files import atomic_write_text, strict_json
 from schedule_search.report.forecast_cells import forecast_cells, forecast_markdown, read_forecast
+from schedule_search.report.head_to_head import head_to_head, head_to_head_markdown
 from schedule_search.report.seeds import add_seed_statistics, seeds_markdown
 from schedule_search.report.transfer_figures import plot_gaps, plot_losses, plot_lrs
 from schedule_search.transfer.plan import (
@@ -191,7 +192,8 @@ def transfer_table(
     """Rows of loss per horizon with their gaps to both envelopes, the compute of each row,
     and the envelopes' runs and grid marks, from the seed-0 runs; with replicas of other
     seeds among `runs`, each row's mean over seeds and its gap to the envelope, paired by
-    seed, with their 95% intervals (`report.seeds`)."""
+    seed, with their 95% intervals (`report.seeds`), and the recipe against every other row,
+    paired by seed (`report.head_to_head`)."""
     horizons, everything = study.horizons, runs
     runs = {name: history for name, history in runs.items() if seed_of(name)[1] == 0}
     seeds = 1 + max((seed_of(name)[1] for name in everything), default=0)
@@ -206,12 +208,15 @@ def transfer_table(
         row["gap_last"] = {h: row["loss"][h] - both_last[h] for h in horizons}
         row["gap_ema"] = {h: row["loss"][h] - both_ema[h] for h in horizons}
         row["diverged"] = {h: _diverged(row, runs, h) for h in horizons}
+    versus = {}
     if seeds > 1:
         envelope = ENVELOPE_ROW if ENVELOPE_ROW in rows else None
         add_seed_statistics(rows, everything, seeds, horizons, envelope)
+        versus = head_to_head(rows, horizons)
     return {
         "horizons": horizons,
         "seeds": seeds,
+        "head_to_head": versus,
         "rows": {label: _keyed(row) for label, row in rows.items()},
         "envelope_runs": {
             kind: {
@@ -343,6 +348,7 @@ def write_transfer_report(
         f"with each run's best EMA){chosen_on}\n\n"
         + _markdown(table)
         + ("\n" + seeds_markdown(table) if table["seeds"] > 1 else "")
+        + ("\n" + head_to_head_markdown(table) if table["head_to_head"] else "")
         + ("\n" + forecast_markdown(table["forecast"], study.horizons) if forecast else ""),
     )
     seed_0 = {name: history for name, history in runs.items() if seed_of(name)[1] == 0}
