@@ -42,6 +42,9 @@ def head_to_head(rows: dict[str, dict[str, Any]], horizons: list[float]) -> dict
                 "recipe_diverged": recipe_alone,
                 "row_diverged": sum(1 for a, b in pairs if b == math.inf and math.isfinite(a)),
                 "verdict": verdict(gap, half, recipe_alone),
+                # The run the row reads at h (and how it is scored): two rows reading the same
+                # run (an envelope and the kind that won it) are one comparison, not two.
+                "run": list(row["source"].get(h, (None, "last"))),
             }
     return {"recipe": recipe, "rows": out}
 
@@ -52,13 +55,14 @@ def head_to_head_markdown(table: dict[str, Any]) -> str:
     if not versus.get("rows"):
         return ""
     horizons, seeds = [f"{h:g}" for h in table["horizons"]], table["seeds"]
-    cells = [cell for row in versus["rows"].values() for cell in row.values()]
-    judged = sum(1 for cell in cells if math.isfinite(cell["half_width"]))
+    cells = [(h, cell) for row in versus["rows"].values() for h, cell in row.items()]
+    judged = len({(h, str(c["run"])) for h, c in cells if math.isfinite(c["half_width"])})
     lines = [
         f"## The recipe against each row, paired by seed (recipe minus row over {seeds} seeds: "
         "mean ± 95% interval, verdict for the recipe)",
         "",
-        f"The recipe: {versus['recipe']}. {judged} differences are judged, each at 95%: were no "
+        f"The recipe: {versus['recipe']}. {judged} distinct differences are judged (rows that read "
+        "the same runs count once), each at 95%: were no "
         f"method different, about {judged / 20:.1f} of them would read better or worse by chance "
         "alone.",
         "",

@@ -96,7 +96,7 @@ def add_seed_statistics(
     reference = {
         h: _seed_losses(rows[envelope], runs, seeds, h) if envelope else missing for h in horizons
     }
-    for label, row in rows.items():
+    for row in rows.values():
         if not row["source"]:
             continue
         row["seeds"] = {}
@@ -120,9 +120,15 @@ def add_seed_statistics(
                 "envelope_diverged": sum(1 for a, b in pairs if b == math.inf and math.isfinite(a)),
                 "diverged_alone": diverged_alone,
                 "verdict": REFERENCE
-                if label == envelope
+                if envelope is not None and _same_runs(row, rows[envelope], h)
                 else verdict(gap, gap_half, diverged_alone),
             }
+
+
+def _same_runs(row: dict[str, Any], envelope: dict[str, Any], h: float) -> bool:
+    """Whether `row` reads at `h` the very runs the envelope reads (the kind whose grid won
+    there): its gap is 0 by construction, not a measurement."""
+    return row["source"].get(h) == envelope["source"].get(h)
 
 
 def seeds_markdown(table: dict[str, Any]) -> str:

@@ -78,3 +78,12 @@ def test_one_seed_has_no_head_to_head():
     runs = {"recipe": history((1.0, 1.0), key="val_loss_ema/0.04"), "constant": history((1.0, 1.1))}
     result = transfer_table(STUDY, runs)
     assert result["head_to_head"] == {} and head_to_head_markdown(result) == ""
+
+
+def test_rows_that_read_the_same_runs_are_one_comparison_in_the_count():
+    """Cosine is the only envelope kind here: the cosine envelope, the cosine tuned for 1x and
+    the envelope read one run, so with constant + EMA the recipe faces 2 distinct rows."""
+    result = table([1.00, 1.10, 0.95], [1.02, 1.11, 0.98])
+    rows = result["head_to_head"]["rows"]
+    assert len(rows) >= 3
+    assert "2 distinct differences are judged" in head_to_head_markdown(result)
