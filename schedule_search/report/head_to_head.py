@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from schedule_search.report.seeds import interval, plus_minus, verdict
+from schedule_search.report.seeds import paired, plus_minus, verdict
 
 __all__ = ["head_to_head", "head_to_head_markdown"]
 
@@ -32,15 +32,15 @@ def head_to_head(rows: dict[str, dict[str, Any]], horizons: list[float]) -> dict
             continue
         out[label] = {}
         for h in horizons:
-            pairs = list(zip(ours[h]["losses"], row["seeds"][h]["losses"], strict=True))
-            gap, half, n = interval([a - b for a, b in pairs])
-            recipe_alone = sum(1 for a, b in pairs if a == math.inf and math.isfinite(b))
+            gap, half, n, recipe_alone, row_alone = paired(
+                ours[h]["losses"], row["seeds"][h]["losses"]
+            )
             out[label][f"{h:g}"] = {
                 "gap": gap,
                 "half_width": half,
                 "n": n,
                 "recipe_diverged": recipe_alone,
-                "row_diverged": sum(1 for a, b in pairs if b == math.inf and math.isfinite(a)),
+                "row_diverged": row_alone,
                 "verdict": verdict(gap, half, recipe_alone),
                 # The run the row reads at h (and how it is scored): two rows reading the same
                 # run (an envelope and the kind that won it) are one comparison, not two.

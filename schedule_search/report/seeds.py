@@ -27,6 +27,7 @@ __all__ = [
     "CONFIDENCE",
     "add_seed_statistics",
     "interval",
+    "paired",
     "plus_minus",
     "seeds_markdown",
     "verdict",
@@ -103,11 +104,7 @@ def add_seed_statistics(
         for h in horizons:
             losses = _seed_losses(row, runs, seeds, h)
             mean, half, n = interval(losses)
-            pairs = list(zip(losses, reference[h], strict=True))
-            gap, gap_half, gap_n = interval([a - b for a, b in pairs])
-            # Only against an envelope seed that ended with a loss: with none to pair with (no
-            # envelope, a missing replica) there is no gap to call worse.
-            diverged_alone = sum(1 for a, b in pairs if a == math.inf and math.isfinite(b))
+            gap, gap_half, gap_n, diverged_alone, envelope_diverged = paired(losses, reference[h])
             row["seeds"][h] = {
                 "losses": losses,
                 "mean": mean,
@@ -117,12 +114,24 @@ def add_seed_statistics(
                 "gap": gap,
                 "gap_half_width": gap_half,
                 "gap_n": gap_n,
-                "envelope_diverged": sum(1 for a, b in pairs if b == math.inf and math.isfinite(a)),
+                "envelope_diverged": envelope_diverged,
                 "diverged_alone": diverged_alone,
                 "verdict": REFERENCE
                 if envelope is not None and _same_runs(row, rows[envelope], h)
                 else verdict(gap, gap_half, diverged_alone),
             }
+
+
+def paired(ours: list[float], theirs: list[float]) -> tuple[float, float, int, int, int]:
+    """(mean, half-width, n) of `ours - theirs` seed by seed over the seeds where both ended
+    with a loss, then how many seeds only ours diverged on and how many only theirs did. A
+    divergence counts only against a seed that ended with a loss: with none to pair with (a
+    missing run) there is no gap to call worse."""
+    pairs = list(zip(ours, theirs, strict=True))
+    gap, half, n = interval([a - b for a, b in pairs])
+    ours_alone = sum(1 for a, b in pairs if a == math.inf and math.isfinite(b))
+    theirs_alone = sum(1 for a, b in pairs if b == math.inf and math.isfinite(a))
+    return gap, half, n, ours_alone, theirs_alone
 
 
 def _same_runs(row: dict[str, Any], envelope: dict[str, Any], h: float) -> bool:
