@@ -21,7 +21,7 @@ from schedule_search.store.experiment import Experiment
 
 SPACE = {
     "name": "lin",
-    "samples": 4,
+    "samples": 3,
     "seed": 0,
     "startup_trials": 2,  # TPE itself (not its random start-up) proposes the later trials
     "base": {
@@ -55,19 +55,37 @@ def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     )
 
 
+def cli_in_process(capture, *args: str) -> subprocess.CompletedProcess:
+    """`cli(*args)` run in this process by `main`, for a verb that starts no Ray and sets
+    nothing process-wide (status, export, report; a transfer or resume refused before Ray):
+    the same exit code and output, without a new interpreter's seconds of imports. `capture`
+    is the test's capfd (the process's output, what is written below Python included) or
+    capsys; what it held before is dropped. The real process of these verbs is
+    test_store_without_ray's."""
+    from schedule_search.cli import main
+
+    capture.readouterr()
+    code = main(list(args))
+    out, err = capture.readouterr()
+    return subprocess.CompletedProcess([*CLI, *args], code, out, err)
+
+
 #: The shipped search spaces.
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
 
-def sweep_shipped_space(tmp_path: Path, name: str, samples: int) -> tuple[dict, Experiment]:
-    """Sweep the shipped space `name` on one worker, shortened to `samples` trials at 0.1x
-    (FIFO): the machinery, not the search, is under test. Returns the space as shipped and
-    the experiment the sweep wrote."""
+def sweep_shipped_space(
+    tmp_path: Path, name: str, samples: int, horizon: float = 0.1
+) -> tuple[dict, Experiment]:
+    """Sweep the shipped space `name` on one worker, shortened to `samples` trials to
+    `horizon` (Chinchilla multiples, evaluated at half of it too; FIFO): the machinery, not
+    the search, is under test. Returns the space as shipped and the experiment the sweep
+    wrote."""
     shipped = yaml.safe_load((SPACES / f"{name}.yaml").read_text())
     space = json.loads(json.dumps(shipped))
     space.update(samples=samples, startup_trials=samples // 2, scheduler="fifo")
     space.pop("first_rung", None)  # a rung of the shipped budget, replaced here
-    space["base"]["budget"] = {"horizon": 0.1, "eval_at": [0.05]}
+    space["base"]["budget"] = {"horizon": horizon, "eval_at": [horizon / 2]}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(space))
     storage = tmp_path / "runs"
@@ -159,7 +177,14 @@ def kill_at(command: list[str], storage: Path, moment: str, env: dict | None = N
         started = (experiment.root / "sweep.json").exists()
         if moment == "before_the_first_trial_starts" and started and not records:
             interrupted = ""
-        time.sleep(0.01)
+        # Every 10 ms once a trial still running has recorded an evaluation (a trial ends, or
+        # is two evaluations in, only after its first): the kill lands close behind the moment,
+        # a trial just ended (before Tune's next snapshot) or in its last stretch. Before that,
+        # every 50 ms, leaving the sweep its core: the moment before the first trial's folder
+        # lasts as long as Ray takes to start, seconds.
+        evaluating = any(r["metrics"] and not r["result"] for r in records.values())
+        if interrupted is None:
+            time.sleep(0.01 if evaluating else 0.05)
     # No pause for Tune's snapshot: what finished or started since its last one must survive too.
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
@@ -176,8 +201,9 @@ def start_and_kill(space: Path, storage: Path, moment: str, *flags: str) -> str:
 def SHARES_THE_FINISHED_SWEEP(test):
     """The marks of tests that use the `finished_sweep` fixture: pytest-xdist (`--dist
     loadgroup`) runs them in one worker, so the sweep is made once; each carries a share of the
-    sweep's ~115 s (their group's cost orders it among the slow tests)."""
-    return pytest.mark.cost(25)(pytest.mark.xdist_group("finished_sweep")(test))
+    group's ~165 s, the sweep's ~105 s included (their group's cost orders it among the slow
+    tests)."""
+    return pytest.mark.cost(11)(pytest.mark.xdist_group("finished_sweep")(test))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from schedule_search.train.launch import free_port
 
 
 @pytest.mark.slow
-@pytest.mark.cost(25)
+@pytest.mark.cost(12)
 @pytest.mark.timeout(300)
 def test_a_dashboard_port_taken_before_ray_binds_it_starts_ray_on_another(tmp_path, monkeypatch):
     taken = socket.socket()

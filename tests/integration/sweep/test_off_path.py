@@ -219,8 +219,8 @@ def signal_mid_trial(
     return err.strip().splitlines()[-1], now
 
 
-@pytest.mark.cost(160)
-def test_signals_stop_a_sweep_that_resumes_moved_and_renamed(tmp_path):
+@pytest.mark.cost(75)
+def test_signals_stop_a_sweep_that_resumes_moved_and_renamed(tmp_path, capsys):
     """Ctrl-C stops a sweep mid-trial; its folder is moved to another storage and renamed at
     once; resumed there, SIGTERM stops it mid-trial again; resumed again, it completes where
     its folder is now, nothing is written at the old place, and export picks the best."""
@@ -250,10 +250,9 @@ def test_signals_stop_a_sweep_that_resumes_moved_and_renamed(tmp_path):
         t: experiment.read_trial_json(t, "metrics.json")[-1]["val_loss"]
         for t in experiment.trial_ids()
     }
-    exported = subprocess.run(
-        [*CLI, "export", name, "--storage", str(new_storage)], capture_output=True, text=True
-    )
-    assert exported.returncode == 0, exported.stderr
+    # export starts no Ray: run in this process (its own process is test_store_without_ray's)
+    code, err = run_cli(capsys, "export", name, "--storage", str(new_storage))
+    assert code == 0, err
     recipe = yaml.safe_load((experiment.root / "recipe.yaml").read_text())
     assert recipe["source"]["trial_id"] == min(finals, key=finals.get)
 
@@ -267,13 +266,38 @@ def make(seed, **options):
 '''
 
 
-@pytest.mark.cost(60)
-@pytest.mark.parametrize("shipped", [True, False])
-def test_a_user_task_reaches_a_node_that_lacks_it(tmp_path, shipped):
-    """A cluster node started without the user's module on its path: the sweep ships it
-    (runtime_env), or, where it is not shipped, ends at the first trial in one line."""
+@pytest.fixture(scope="module")
+def user_task_cluster():
+    """A head of no CPUs and one node of 2 CPUs, started by this test process (so the node has
+    neither a driver's PYTHONPATH nor its working directory): (the cluster, the node). Started
+    once for both cases of `test_a_user_task_reaches_a_node_that_lacks_it` (one xdist group:
+    one worker runs them), shut down after them."""
     from ray.cluster_utils import Cluster
 
+    head = {"num_cpus": 0, "include_dashboard": True, "dashboard_port": free_port()}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        yield cluster, cluster.add_node(num_cpus=2)
+    finally:
+        cluster.shutdown()
+
+
+# One cluster for both cases: each case's sweep is a driver process of its own, so a Ray job
+# of its own, with its own workers (Ray never hands a job's workers to another job), its own
+# runtime_env, storage, working directory and PYTHONPATH; the job before has ended (its driver
+# exited, its workers and CPUs freed) when the next starts. What a case asserts is its own
+# records and exit, and the node's id, the same node either way. The one thing a case leaves
+# on the node that bears on the module is the shipped case's runtime_env package (cached by the
+# node's agent, its URI kept by the GCS), so the shipped case runs second: the not-shipped case
+# meets a node that never had the module, as on a cluster of its own, and ships nothing that
+# could let the shipped case's trials import the module but by its own shipping.
+@pytest.mark.cost(35)
+@pytest.mark.xdist_group("user_task_cluster")
+@pytest.mark.parametrize("shipped", [False, True])
+def test_a_user_task_reaches_a_node_that_lacks_it(tmp_path, shipped, user_task_cluster):
+    """A cluster node started without the user's module on its path: the sweep ships it
+    (runtime_env), or, where it is not shipped, ends at the first trial in one line."""
+    cluster, node = user_task_cluster
     code = tmp_path / "code"
     code.mkdir()
     (code / "usertask.py").write_text(TASK_MODULE)
@@ -292,20 +316,14 @@ def test_a_user_task_reaches_a_node_that_lacks_it(tmp_path, shipped):
         installed.mkdir()
         shutil.move(code / "usertask.py", installed / "usertask.py")
         env["PYTHONPATH"] = str(installed)
-    head = {"num_cpus": 0, "include_dashboard": True, "dashboard_port": free_port()}
-    cluster = Cluster(initialize_head=True, head_node_args=head)
-    try:
-        node = cluster.add_node(num_cpus=2)
-        done = subprocess.run(
-            [*command, "--address", cluster.address],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=400,
-        )
-    finally:
-        cluster.shutdown()
+    done = subprocess.run(
+        [*command, "--address", cluster.address],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=400,
+    )
     experiment = Experiment(storage / "off")
     if shipped:
         assert done.returncode == 0, done.stderr[-3000:]

@@ -117,7 +117,7 @@ def machine_address() -> str:
     return get_node_ip_address()
 
 
-@pytest.mark.cost(70)
+@pytest.mark.cost(45)
 def test_a_sweeps_local_ray_refuses_every_client_without_its_token(tmp_path):
     # One long trial: Ray is inspected while it trains, then the whole session is killed. Its
     # task rests between micro-batches: the workers (and their sockets) stay up while the
@@ -217,7 +217,7 @@ def test_a_sweeps_local_ray_refuses_every_client_without_its_token(tmp_path):
         assert token.encode() not in path.read_bytes(), path
 
 
-@pytest.mark.cost(25)
+@pytest.mark.cost(20)
 def test_two_local_rays_in_one_process_each_get_a_fresh_token(tmp_path):
     """Ray reads its authentication once a process; `local_token` makes it read again, so a
     second local Ray in the same process (a notebook, a test) starts and is joined with its
@@ -289,7 +289,7 @@ def token_cluster(tmp_path):
         kill_session(head.pid)
 
 
-@pytest.mark.cost(135)
+@pytest.mark.cost(45)
 def test_a_cluster_in_token_mode_is_joined_with_its_token_or_refused_in_one_line(
     tmp_path, token_cluster
 ):

@@ -15,6 +15,7 @@ from sweeps import (
     CLI,
     assert_ends_as_never_killed,
     checkpointed_space,
+    cli_in_process,
     wait_for_a_registered_checkpoint,
 )
 
@@ -24,7 +25,7 @@ from schedule_search.store.experiment import Experiment
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.cost(45)
+@pytest.mark.cost(20)
 def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
     space = {
         "name": "div",
@@ -77,8 +78,8 @@ def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-@pytest.mark.cost(110)
-def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path):
+@pytest.mark.cost(55)
+def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path, capsys):
     """The trial is sharded (FSDP2 over its two workers): the restarted group loads the full
     checkpoint into its shards and ends where the same config trained without a kill (and
     without Ray: `train --workers 2`) ends; the sweep exports a recipe that records the
@@ -102,15 +103,17 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
     assert sweep.wait(timeout=300) == 0
     assert_ends_as_never_killed(experiment, trial, tmp_path)
     recipe = tmp_path / "best.yaml"
-    subprocess.run(
-        [*CLI, "export", "w", "--storage", str(tmp_path / "b"), "-o", str(recipe)], check=True
+    # export starts no Ray: run in this process (its own process is test_store_without_ray's)
+    exported = cli_in_process(
+        capsys, "export", "w", "--storage", str(tmp_path / "b"), "-o", str(recipe)
     )
+    assert exported.returncode == 0, exported.stderr
     assert load_recipe(recipe).spec.sharding == "fsdp"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.cost(60)
+@pytest.mark.cost(50)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path, workers):
     """Ray Train workers (2) stage a checkpoint in the trial's folder and Ray uploads it; a
@@ -144,7 +147,9 @@ def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path, worker
         # From the second evaluation on, an earlier checkpoint is already registered.
         if history and len(history) >= 2 and writing(experiment, ids[0], workers):
             break
-        time.sleep(0.002)
+        # No write to catch before the first evaluation (the moment is from the second on):
+        # until then a slower look leaves the sweep its core.
+        time.sleep(0.002 if history else 0.05)
     kill_session(driver.pid)
     driver.wait()
     resumed = subprocess.run(

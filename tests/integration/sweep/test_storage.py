@@ -19,7 +19,7 @@ from helpers import write_config
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from processes import kill_session
-from sweeps import CLI, cli, resting_task, write_space
+from sweeps import CLI, cli, cli_in_process, resting_task, write_space
 from sweeps import SPACE as LINREG_SPACE
 
 from schedule_search.store.experiment import Experiment
@@ -126,8 +126,10 @@ def ended(sweep: subprocess.Popen, err: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.cost(80)
-def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finishes(tmp_path):
+@pytest.mark.cost(65)
+def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finishes(
+    tmp_path, capsys
+):
     space = write_config(tmp_path / "space.yaml", SPACE)
     with tmpfs(tmp_path / "volume", "64m") as volume:
         storage = volume / "runs"
@@ -146,8 +148,9 @@ def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finis
                 assert f"'{storage}/full/" in lines[0]  # the file that could not be written
                 states = {row.trial_id: row.state for row in experiment.rows()}
                 assert len(states) == 2, states
-                # `status` reads the records and shows the table.
-                shown = cli("status", "full", "--storage", str(storage))
+                # `status` reads the records and shows the table (in this process: it starts
+                # no Ray; its own process is test_store_without_ray's).
+                shown = cli_in_process(capsys, "status", "full", "--storage", str(storage))
         assert shown.returncode == 0, shown.stderr[-3000:]
         assert all(trial_id in shown.stdout for trial_id in states)
         assert "table not written: [Errno 28] No space left on device" in shown.stdout
@@ -173,7 +176,7 @@ def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finis
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.cost(50)
+@pytest.mark.cost(45)
 def test_a_trial_whose_end_cannot_be_recorded_ends_the_sweep_in_one_line(tmp_path):
     """A trial's folder turns read-only mid-run while the rest of the experiment folder stays
     writable (a permission changed, one file's volume remounted): the trial fails and its end

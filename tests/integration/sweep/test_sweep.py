@@ -15,6 +15,7 @@ from sweeps import (
     SHARES_THE_FINISHED_SWEEP,
     SPACE,
     cli,
+    cli_in_process,
     kill_at,
     start_and_kill,
     trial_records,
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @SHARES_THE_FINISHED_SWEEP
 def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(
-    finished_sweep, tmp_path
+    finished_sweep, tmp_path, capsys
 ):
     done = finished_sweep.resumed
     assert done.returncode == 0, done.stderr[-3000:]
@@ -65,7 +66,10 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(
     check_dashboard_reads(experiment.root / "optuna.journal", study)
     check_live_searcher_agrees(experiment, study)
 
-    exported = cli("export", "lin", "--storage", str(storage), "-o", str(tmp_path / "best.yaml"))
+    # export, status and report start no Ray: run in this process (their own process is
+    # test_store_without_ray's).
+    best_yaml = str(tmp_path / "best.yaml")
+    exported = cli_in_process(capsys, "export", "lin", "--storage", str(storage), "-o", best_yaml)
     assert exported.returncode == 0, exported.stderr
     recipe = load_recipe(tmp_path / "best.yaml")
     best = experiment.best(4.0)
@@ -81,7 +85,7 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(
     config = experiment.read_trial_json(best.trial_id, "config.json")
     assert recipe.peak_lr == config["params"]["optimizer.lr"]
     assert recipe.spec.schedule.alpha == config["params"]["schedule.alpha"]
-    status = cli("status", "lin", "--storage", str(storage))
+    status = cli_in_process(capsys, "status", "lin", "--storage", str(storage))
     best_line = next(line for line in status.stdout.splitlines() if f"{best.trial_id} *" in line)
     assert f"{recipe.ema_fraction:g}" in best_line or "raw" in best_line
 
@@ -95,7 +99,7 @@ def test_linreg_sweep_killed_before_its_first_trial_then_export_and_recipe(
         tokens += record["tokens"]
     assert len(windows) > 50
 
-    reported = cli("report", "lin", "--storage", str(storage))
+    reported = cli_in_process(capsys, "report", "lin", "--storage", str(storage))
     assert reported.returncode == 0, reported.stderr[-3000:]
     check_report(experiment, best.trial_id, windows)
 

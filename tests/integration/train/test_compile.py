@@ -47,7 +47,7 @@ def final_state(run_dir) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.cost(25)
+@pytest.mark.cost(10)
 def test_compiled_run_ends_where_eager_ends_and_resumes_exactly(tmp_path):
     eager = run_local(config(False), tmp_path / "eager")
     counters.clear()

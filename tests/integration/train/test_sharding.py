@@ -81,7 +81,7 @@ def assert_same_checkpoint(a: dict, b: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.cost(30)
+@pytest.mark.cost(10)
 def test_sharded_runs_end_in_the_replicated_runs_checkpoints(tmp_path):
     """`microbatches` windows with AdamW (FSDP gathers per module), `tokens` windows with
     schedule-free AdamW (the gathered weights held through each window)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from processes import frozen, kill_session
+from sweeps import cli_in_process
 
 from schedule_search.core import checkpoint as ckpt
 from schedule_search.core.config import parse
@@ -55,9 +56,9 @@ def make(seed, hold, **options):
 
 
 @pytest.mark.slow
-@pytest.mark.cost(180)
+@pytest.mark.cost(105)
 @pytest.mark.timeout(600)
-def test_small_transfer_on_linreg(tmp_path, monkeypatch):
+def test_small_transfer_on_linreg(tmp_path, monkeypatch, capfd):
     code = tmp_path / "code"
     code.mkdir()
     (code / "gated.py").write_text(GATED_TASK)
@@ -103,12 +104,13 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch):
         exporting.wait()
         if recipe.exists():
             load_recipe(recipe)  # complete, or it would not load
-    run("export", "lt")
-    uneven = subprocess.run(
-        [*cli, "transfer", "lt", "--workers", "3", "--storage", storage],
-        capture_output=True,
-        text=True,
-    )
+    # export, and transfers refused before Ray starts (in `plan_launch`), run in this process:
+    # they start no Ray and set nothing process-wide (the verbs' own process is
+    # test_store_without_ray's). capfd holds all this process writes to its stderr meanwhile,
+    # Python's and below.
+    exported = cli_in_process(capfd, "export", "lt", "--storage", storage)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    uneven = cli_in_process(capfd, "transfer", "lt", "--workers", "3", "--storage", storage)
     assert uneven.returncode == 2 and len(uneven.stderr.strip().splitlines()) == 1
     assert "--workers 3: the recipe steps every 2 micro-batches" in uneven.stderr
     assert not (sweep.root / "transfer").exists()  # nothing launched
@@ -145,7 +147,8 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch):
 
     while True:
         assert driver.poll() is None and time.monotonic() < deadline
-        if "completed" in states().values():
+        completed = "completed" in states().values()
+        if completed:
             # A held replica stays pending; any other run this small is pending for a fraction
             # of a second, so the records are read with the whole session frozen: a run seen
             # pending cannot evaluate between the look and the kill (Ray's workers outlive a
@@ -154,7 +157,8 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch):
                 if the_moment(at_kill := states()):
                     kill_session(driver.pid)
                     break
-        time.sleep(0.01)
+        # No moment before a run has completed: until then a slower look leaves Ray its core.
+        time.sleep(0.01 if completed else 0.05)
     driver.wait()
     hold.unlink()  # the replicas train on from here
     finished = {
@@ -185,11 +189,7 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch):
     # its runs.
     methods = ["--methods", "recipe,constant,cosine,wsd"]
     for changed in (["--to", "4", "--seeds", "2"], ["--to", "2", "--seeds", "3"]):
-        other = subprocess.run(
-            [*cli, "transfer", "lt", *changed, *methods, "--storage", storage],
-            capture_output=True,
-            text=True,
-        )
+        other = cli_in_process(capfd, "transfer", "lt", *changed, *methods, "--storage", storage)
         assert other.returncode == 2 and "Move that folder aside" in other.stderr, other.stderr
         assert len(other.stderr.strip().splitlines()) == 1
     for name in ("loss_vs_tokens.png", "gap_vs_horizon.png", "lr_curves.png"):
