@@ -25,8 +25,8 @@ def _single_threaded(rank: int, world: int, fn: Any, *args: Any) -> Any:
 
 
 def run_ranks(fn: Any, world: int, *args: Any) -> list[Any]:
-    """Run `fn(rank, world, *args)` in `world` spawned gloo processes, one thread each; return
-    their results by rank (the package's own launcher)."""
+    """Run `fn(rank, world, *args)` in `world` gloo processes (forked from a preloaded
+    forkserver), one thread each; return their results by rank (the package's own launcher)."""
     return launch.run_ranks(_single_threaded, world, fn, *args)
 
 

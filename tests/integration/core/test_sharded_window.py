@@ -102,7 +102,7 @@ def windows(rank: int, world: int, policy: str) -> dict:
 
 
 def both_policies(rank: int, world: int) -> dict:
-    """One process group for both (spawning is most of the cost)."""
+    """One process group for both cases."""
     return {policy: windows(rank, world, policy) for policy in ("microbatches", "tokens")}
 
 

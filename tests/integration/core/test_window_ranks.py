@@ -25,7 +25,7 @@ from schedule_search.core.window import WindowAccumulator, WindowConfig
 
 
 def every_policy_one_window(rank: int, world: int) -> dict:
-    """One process group for all four policies: spawning is most of these tests' time."""
+    """One process group for all four policies."""
     return {policy: one_window(rank, world, policy) for policy in POLICIES}
 
 

@@ -43,7 +43,7 @@ SHARDINGS = ("replicated", "fsdp")
 
 def train_every_case(rank: int, world: int, root: str) -> None:
     """Both cases, replicated then sharded, then each resumed from the other's first
-    checkpoint, in one process group (spawning is most of the cost)."""
+    checkpoint, in one process group."""
     for policy, optimizer in CASES:
         for sharding in SHARDINGS:
             run = config(sharding, policy, optimizer)
