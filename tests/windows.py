@@ -6,10 +6,14 @@ import torch
 
 from schedule_search.core.window import WindowAccumulator, WindowConfig
 
+#: `seconds` is long enough for many micro-batches (a few ms each) even when a loaded machine
+#: stalls a rank for a while: a window closed within its first two micro-batches would hold as
+#: many on both ranks and the two-rank test would have no uneven window to check (seen once
+#: at 0.05 s, on a machine running two tests at once).
 POLICIES = {
     "microbatches": WindowConfig(policy="microbatches", microbatches=5, clip_norm=None),
     "tokens": WindowConfig(policy="tokens", tokens=40, clip_norm=None),
-    "seconds": WindowConfig(policy="seconds", seconds=0.05, clip_norm=None),
+    "seconds": WindowConfig(policy="seconds", seconds=0.25, clip_norm=None),
     "grad_norm": WindowConfig(policy="grad_norm", snr=4.0, max_microbatches=40, clip_norm=None),
 }
 
