@@ -18,10 +18,10 @@ from sweeps import (
     CLI,
     assert_ends_as_never_killed,
     checkpointed_space,
+    cli_in_process,
     wait_for_a_registered_checkpoint,
 )
 
-from schedule_search.cli import main
 from schedule_search.store.experiment import Experiment
 from schedule_search.train.launch import free_port
 
@@ -175,6 +175,6 @@ def test_a_node_lost_mid_trial_is_replaced_and_the_trial_ends_as_if_never_killed
 
     (row,) = experiment.rows()
     assert row.state == "completed" and row.restarts >= 1, row
-    assert main(["status", "lost", "--storage", str(storage)]) == 0
-    assert "restarts" in capsys.readouterr().out  # the restart, in the table
+    shown = cli_in_process(capsys, "status", "lost", "--storage", str(storage))
+    assert shown.returncode == 0 and "restarts" in shown.stdout  # the restart, in the table
     assert_ends_as_never_killed(experiment, trial, tmp_path)

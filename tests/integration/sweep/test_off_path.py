@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sweeps import SHARES_THE_FINISHED_SWEEP
+from sweeps import SHARES_THE_FINISHED_SWEEP, cli_in_process
 
-from schedule_search.cli import main
 from schedule_search.store.experiment import Experiment
 from schedule_search.train.launch import free_port
 
@@ -44,11 +43,6 @@ def sweep_command(tmp: Path, storage: Path, **changes) -> list[str]:
     return [*CLI, "sweep", str(space), "--workers", "1", "--storage", str(storage)]
 
 
-def run_cli(capsys, *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    return code, capsys.readouterr().err
-
-
 DAMAGE = {
     "result.json cut short": ("result.json", lambda text: text[: len(text) // 2]),
     "metrics.json random bytes": ("metrics.json", lambda text: os.urandom(200).hex()[:150]),
@@ -75,7 +69,8 @@ def test_a_damaged_record_of_the_best_trial_is_named_and_never_ranked(
     path = experiment.trial_dir(best.trial_id) / record
     path.write_text(change(path.read_text()))
 
-    code, err = run_cli(capsys, "status", name, "--storage", str(storage))
+    done = cli_in_process(capsys, "status", name, "--storage", str(storage))
+    code, err = done.returncode, done.stderr
     assert code == 0
     assert err.count("\n") == 1 and str(path) in err and "left out" in err, err
     row = next(r for r in experiment.rows() if r.trial_id == best.trial_id)
@@ -83,11 +78,13 @@ def test_a_damaged_record_of_the_best_trial_is_named_and_never_ranked(
     assert experiment.best(horizon) is None or experiment.best(horizon).trial_id != best.trial_id
 
     # export refuses rather than silently pick another trial; nothing is written
-    code, err = run_cli(capsys, "export", name, "--storage", str(storage))
+    done = cli_in_process(capsys, "export", name, "--storage", str(storage))
+    code, err = done.returncode, done.stderr
     assert code == 2 and err.count("\n") == 1 and str(path) in err, err
     assert not (experiment.root / "recipe.yaml").exists()
 
-    code, err = run_cli(capsys, "report", name, "--storage", str(storage))
+    done = cli_in_process(capsys, "report", name, "--storage", str(storage))
+    code, err = done.returncode, done.stderr
     assert code == 0 and err.count("\n") == 1 and str(path) in err, err
     assert (experiment.root / "report" / "report.md").is_file()
 
@@ -251,7 +248,8 @@ def test_signals_stop_a_sweep_that_resumes_moved_and_renamed(tmp_path, capsys):
         for t in experiment.trial_ids()
     }
     # export starts no Ray: run in this process (its own process is test_store_without_ray's)
-    code, err = run_cli(capsys, "export", name, "--storage", str(new_storage))
+    done = cli_in_process(capsys, "export", name, "--storage", str(new_storage))
+    code, err = done.returncode, done.stderr
     assert code == 0, err
     recipe = yaml.safe_load((experiment.root / "recipe.yaml").read_text())
     assert recipe["source"]["trial_id"] == min(finals, key=finals.get)
@@ -356,6 +354,7 @@ def test_status_export_and_report_read_the_records_alone(finished_sweep, tmp_pat
     space["base"]["task"] = task
     (experiment.root / "space.yaml").write_text(yaml.safe_dump(space))
     for verb in ("status", "export", "report"):
-        code, err = run_cli(capsys, verb, finished_sweep.name, "--storage", str(storage))
+        done = cli_in_process(capsys, verb, finished_sweep.name, "--storage", str(storage))
+        code, err = done.returncode, done.stderr
         assert code == 0 and err == "", (verb, err)
     assert (experiment.root / "recipe.yaml").is_file()
