@@ -6,11 +6,21 @@ during that copy left a truncated `experiment_state-*.json`, the file a `resume`
 from, and the sweep could not be resumed once space was freed. Through this filesystem, a
 file Tune writes replaces the old one only once it is whole (a temporary file and a rename,
 as every record of ours is written): a failed snapshot leaves the previous one.
+
+The copy runs in a background thread, and Tune writes its next snapshot into the staging
+folder (in place, `open("w")`, before it checks whether the last copy has finished) while
+that copy may still be reading the file: the copy then holds a snapshot cut short, whole as
+far as the disk is concerned. Such a copy of the experiment snapshot, which is JSON, is not
+written: the previous one stays until the next copy brings the whole one (Tune's last
+snapshot, at the sweep's end, is copied once the copy before it has finished). Seen on a
+full volume, where the end of a sweep forces a snapshot beside a copy still running.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +31,29 @@ from schedule_search.core.files import atomic_write_bytes
 
 __all__ = ["WholeFileLocalFileSystem", "tune_filesystem"]
 
+#: The one file Tune rewrites in place in its staging folder (the searcher's and the
+#: callbacks' states it replaces by a rename, so a copy reads the old or the new one whole).
+SNAPSHOT = "experiment_state-*.json"
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """`data` written to `path` by a rename, unless it is an experiment snapshot read while
+    Tune was still writing it (not a JSON document): the previous snapshot then stays, and
+    the next copy brings this one whole."""
+    if fnmatch.fnmatch(path.name, SNAPSHOT):
+        try:
+            json.loads(data)
+        except ValueError:
+            return
+    atomic_write_bytes(path, data)
+
 
 class _WrittenOnClose(io.BytesIO):
     """What pyarrow writes, held until it closes the stream, then written whole. A stream
     dropped unclosed (a copy given up midway) writes nothing; a writer that closes a stream
     after its own failed write (a `with` block left by an exception) still writes what it
-    held, which this class cannot tell from a whole file."""
+    held, which this class cannot tell from a whole file (but for the experiment snapshot,
+    which it parses)."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
@@ -37,7 +64,7 @@ class _WrittenOnClose(io.BytesIO):
             return
         data = self.getvalue()
         super().close()
-        atomic_write_bytes(self._path, data)
+        _write_whole(self._path, data)
 
     def __del__(self) -> None:
         # Dropped without being closed (a copy given up midway): nothing is written. Without
@@ -92,7 +119,7 @@ class WholeFileLocalFileSystem(pafs.FileSystemHandler):
 
     def copy_file(self, src: str, dest: str) -> None:
         with self._local.open_input_stream(src) as source:
-            atomic_write_bytes(Path(dest), source.read())
+            _write_whole(Path(dest), source.read())
 
     def open_input_stream(self, path: str) -> Any:
         return self._local.open_input_stream(path)

@@ -3,6 +3,7 @@
 and the filesystem travels by pickle as Tune sends it to its trials."""
 
 import gc
+import json
 import pickle
 import subprocess
 import sys
@@ -78,3 +79,33 @@ def test_a_stream_dropped_before_it_is_closed_writes_nothing(tmp_path):
     closed.write(b"whole")
     closed.close()
     assert (tmp_path / "state.json").read_bytes() == b"whole"
+
+
+def test_a_snapshot_copied_while_tune_rewrites_it_keeps_the_previous_one(tmp_path):
+    """Tune rewrites its experiment snapshot in place in the staging folder while its
+    background copy may be reading it: a copy that read it cut short (or just emptied by the
+    `open("w")`) is not written; the whole one is, at the next copy. Only the snapshot is
+    parsed: other files land as read."""
+    staged, storage = tmp_path / "staged", tmp_path / "storage"
+    staged.mkdir()
+    name = "experiment_state-2026-12-07_03-07-37.json"
+    whole = json.dumps({"trial_data": [["{}", "{}"]], "runner_data": {"x": 1}}).encode()
+    filesystem = tune_filesystem()
+
+    def copy(content: bytes) -> bytes:
+        (staged / name).write_bytes(content)
+        (staged / "result.json").write_bytes(content)
+        pafs.copy_files(str(staged), str(storage), destination_filesystem=filesystem)
+        assert (storage / "result.json").read_bytes() == content
+        return (storage / name).read_bytes()
+
+    assert copy(whole) == whole
+    for torn in (whole[: len(whole) // 2], b""):
+        assert copy(torn) == whole
+    newer = json.dumps({"trial_data": [], "runner_data": {"x": 2}}).encode()
+    assert copy(newer) == newer
+    filesystem.copy_file(str(staged / name), str(storage / "copied.json"))  # in one filesystem
+    (staged / name).write_bytes(b'{"trial_data": [')
+    filesystem.copy_file(str(staged / name), str(storage / name))
+    assert (storage / name).read_bytes() == newer
+    assert sorted(p.name for p in storage.iterdir()) == ["copied.json", name, "result.json"]
