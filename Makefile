@@ -55,8 +55,9 @@ report: install
 # Every figure of BENCHMARKS.md but the transfer study (`make transfer`: hours on 2 cores), the
 # sweep's answer (`bench/sweep_answer.py`, 26 min), the tinylm search
 # (`bench/search.py --task tinylm`, 22 min), the search over families
-# (`bench/family_search.py --grid`, about 2 h, then `--study`) and its two probes
-# (`bench/seed_noise.py`, 8 min; `bench/sf_warmup.py`, 7 min), the soak with random kills
+# (`bench/family_search.py --grid`, about 2 h, then `--study`) and its three probes
+# (`bench/seed_noise.py`, 8 min; `bench/sf_warmup.py`, 7 min; `bench/heldout_noise.py`, 4 min),
+# the soak with random kills
 # (`bench/soak.py`, about 25 min) and the public curves' extract (`bench/public_curves.py CLONE`:
 # it needs a clone of github.com/fabian-sp/lr-scheduling; the check is a unit test).
 bench: install

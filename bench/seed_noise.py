@@ -1,8 +1,9 @@
-"""How far one config's 4x loss moves when only chance changes (the seed: model initialization,
-data order and the held-out sample evaluated), and whether a sweep trial's layout (2 Ray Train
-workers x 1 micro-batch a window) scores what the family-search grid's (1 rank x 2) scores:
-both draw one stream (`tasks.protocol.stream_generator`), so they should agree but for the
-order in which each window's gradients are summed.
+"""How far one config's 4x loss moves when only chance changes (the seed: model initialization
+and data order; every seed is scored on one held-out sample, `tinylm.HELD_OUT_KEY`), and
+whether a sweep trial's layout (2 Ray Train workers x 1 micro-batch a window) scores what the
+family-search grid's (1 rank x 2) scores: both draw one stream
+(`tasks.protocol.stream_generator`), so they should agree but for the order in which each
+window's gradients are summed.
 
 Run: `python bench/seed_noise.py` (about 8 minutes on 2 cores: 4 runs of the default task to 4x,
 2 at a time). Rows are appended to bench/results/family-search/noise.jsonl.

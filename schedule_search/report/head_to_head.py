@@ -2,7 +2,7 @@
 
 The seeds table judges every row against one reference, the envelope. A user choosing between
 the recipe and, say, WSD asks another question: is the recipe worse than that row? Each cell
-here is the recipe's loss minus the row's, seed by seed (both scored on the seed's held-out
+here is the recipe's loss minus the row's, seed by seed (both scored on the task's one held-out
 sample), with the 95% t-interval of the mean difference, and worded as the seeds table words a
 gap: better or worse only where the interval excludes 0, worse wherever the recipe diverged on
 a seed the row did not.

@@ -1,11 +1,12 @@
 """The transfer table over seeds: each cell a mean with a 95% interval, each gap to the envelope
 paired seed by seed, and a gap called better or worse only where its interval excludes 0.
 
-Seed k of every row is scored on the same held-out sample (the task draws it from the seed),
-so the gap of seed k is the difference of two runs evaluated alike; the interval of the mean
-gap is Student's t over the K paired differences (K - 1 degrees of freedom). A row's seed-k
-loss comes from the replica of the run its seed-0 loss came from (`row["source"]`); a cell
-whose replica is missing counts the seeds it has (`n`), its gap the pairs it has (`gap_n`).
+Every run is scored on the task's one held-out sample (a seed changes initialization and data
+order, not the yardstick), so the gap of seed k is the difference of two runs evaluated alike;
+the interval of the mean gap is Student's t over the K paired differences (K - 1 degrees of
+freedom). A row's seed-k loss comes from the replica of the run its seed-0 loss came from
+(`row["source"]`); a cell whose replica is missing counts the seeds it has (`n`), its gap the
+pairs it has (`gap_n`).
 
 A replica that diverged is not missing: its loss is +inf, as the LR grids rank a diverged run
 last. The mean and interval are over the finite seeds, and a row that diverged on any seed
@@ -150,7 +151,7 @@ def seeds_markdown(table: dict[str, Any]) -> str:
         "iterate, paired by seed: mean ± 95% interval, verdict)",
         "",
         "Seed 0 is the seed the grids and the sweep chose on, so its envelope is a minimum over "
-        "its grid and the recipe the sweep's best on its held-out sample; seeds 1 and up only "
+        "its grid and the recipe the sweep's best on the held-out sample; seeds 1 and up only "
         "measure, and a row scored by its bank's best is read on them at the member seed 0 "
         "chose. Rows without replicas (the envelope where each run counts with its best EMA, "
         "whose LR may differ) are left out.",

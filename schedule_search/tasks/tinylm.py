@@ -25,6 +25,12 @@ __all__ = ["FEW_MICROBATCHES", "Block", "TinyLM", "TinyLMConfig", "TinyLMTask", 
 
 #: Fewer training tokens than this many micro-batches: every window sees the same text.
 FEW_MICROBATCHES = 4
+#: The key of the held-out sample every run is evaluated on, whatever its seed (a seed varies
+#: initialization and data order, not the yardstick): the spans seed 0's runs always drew, so
+#: losses recorded at seed 0 stand. One default model trained to 4x scored 0.042 nats apart
+#: (standard deviation; 0.136 range) on the samples seeds 0-9 drew when each seed drew its own:
+#: more than the gaps a transfer tells apart, and counted as the seeds' spread.
+HELD_OUT_KEY = 0
 
 
 @dataclass
@@ -165,7 +171,7 @@ class TinyLMTask:
         model.eval()
         total, count = 0.0, 0
         for i in range(self.config.eval_batches):
-            rows = self._sample_rows(self.corpus.val, seeded_generator(self.seed, 0, i, 1))
+            rows = self._sample_rows(self.corpus.val, seeded_generator(HELD_OUT_KEY, 0, i, 1))
             batch = Microbatch(rows, rows.shape[0] * self.config.context)
             total += float(self.loss_sum(model, batch))
             count += batch.tokens

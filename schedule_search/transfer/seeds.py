@@ -1,13 +1,14 @@
 """Seeds of a transfer study: what a single run cannot tell apart from noise.
 
 A study of K seeds trains every row again with seeds 1..K-1 (the config's `seed`: the model's
-initialization, the order of the training data and the held-out sample): the recipe, constant +
+initialization and the order of the training data): the recipe, constant +
 EMA and its WSD branches, schedule-free AdamW at the LR its grid picked, and for each envelope
 kind and horizon the LR its grid picked (the grids themselves are seed 0 alone: they choose,
 the seeds measure). A replica is named after its seed-0 run (`cosine-8x-lr0.0079@seed2`) and
 starts once that run's choice is settled; every replica trains from token 0 (the sweep's
 checkpoint the recipe continues from is seed 0's), WSD replicas branch off their own seed's
-trunk. Seed k of every row shares its held-out sample, so gaps are compared seed by seed.
+trunk. Every run, whatever its seed, is scored on the task's one held-out sample, and gaps
+are compared seed by seed.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import torch
 
 from schedule_search.core.config import ConfigError
 from schedule_search.tasks import corpus
-from schedule_search.tasks.protocol import Microbatch, Task
+from schedule_search.tasks.protocol import Microbatch, Task, seeded_generator
 from schedule_search.tasks.registry import build_task
 
 
@@ -27,6 +27,30 @@ def test_microbatches_depend_only_on_seed_rank_and_index():
     assert not torch.equal(first.data, task.microbatch(7, 0, 2).data)
     assert not torch.equal(first.data, task.microbatch(8, 1, 2).data)
     assert first.tokens == task.tokens_per_microbatch
+
+
+def test_every_seed_is_evaluated_on_one_held_out_sample():
+    """A seed changes initialization and data order, not the yardstick: one model scores the
+    same whatever the task's seed, on the spans seed 0's runs always drew."""
+    options = {"name": "tinylm", "max_bytes": 200_000, "eval_batches": 3}
+    tasks = [build_task(options, seed=seed) for seed in (0, 1, 5)]
+    model = tasks[1].build_model()
+
+    def loss_on_spans(key: int) -> float:
+        task = tasks[0]
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(3):
+                rows = task._sample_rows(task.corpus.val, seeded_generator(key, 0, i, 1))
+                batch = Microbatch(rows, rows.shape[0] * task.config.context)
+                total += float(task.loss_sum(model, batch))
+                count += batch.tokens
+        return total / count
+
+    losses = [task.evaluate(model) for task in tasks]
+    assert losses == [pytest.approx(loss_on_spans(0), rel=1e-6)] * len(tasks)
+    assert loss_on_spans(1) != pytest.approx(loss_on_spans(0), rel=1e-6)  # other spans differ
+    assert not torch.equal(tasks[0].microbatch(0, 0, 1).data, tasks[1].microbatch(0, 0, 1).data)
 
 
 @pytest.mark.parametrize("name", ["tinylm", "linreg"])

@@ -96,7 +96,7 @@ def test_the_table_over_seeds_pairs_each_gap_by_seed():
     around 0 (within noise)."""
     s = TransferStudy(BASE, [1.0], ["recipe", "constant", "cosine"], 1.0)
     runs = {f"cosine-1x-lr{lr:g}": history((1.0, loss)) for lr, loss in ((0.05, 1.3), (0.2, 1.4))}
-    base = [1.00, 1.05, 0.95]  # each seed's envelope: its held-out sample sets the level
+    base = [1.00, 1.05, 0.95]  # each seed's envelope: its start and data order set the level
     for seed, level in enumerate(base):
         runs[seeded("cosine-1x-lr0.1", seed)] = history((1.0, level))
         runs[seeded("recipe", seed)] = history((1.0, level - 0.01), key="val_loss_ema/0.04")
