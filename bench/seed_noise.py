@@ -24,6 +24,7 @@ import torch
 from family_search import cpu
 
 from schedule_search.sweep.space import load_space, trial_config
+from schedule_search.tasks.tinylm import HELD_OUT_KEY
 from schedule_search.train.launch import run_local
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +49,15 @@ def train_layout(job: tuple[int, int]) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         result = run_local(config, folder, workers=ranks, source="noise")
     losses = {f"{row['chinchilla']:g}": row["val_loss"] for row in result.history}
-    return {"point": POINT, "seed": seed, "ranks": ranks, "losses": losses, "cpu": cpu()}
+    # Rows without "held_out" were scored on the sample their seed drew (before HELD_OUT_KEY).
+    return {
+        "point": POINT,
+        "seed": seed,
+        "ranks": ranks,
+        "losses": losses,
+        "held_out": HELD_OUT_KEY,
+        "cpu": cpu(),
+    }
 
 
 def main() -> None:
