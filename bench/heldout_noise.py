@@ -1,13 +1,18 @@
-"""How far one trained model's loss moves with the held-out sample alone.
+"""How far a loss, and a difference of two losses, moves with the held-out sample alone.
 
-Trains the default task (tinylm on the embedded corpus, its default config) once to the
-horizon given (4x by default), then scores that one model on the held-out spans each of
-seeds 0-9 drew while every seed drew its own (the generator keys `(seed, 0, i, 1)`), and
-through `evaluate` with tasks of two seeds, which now share `tinylm.HELD_OUT_KEY`'s sample.
-The spread over those samples is what a per-seed held-out sample added to every spread
-across seeds.
+1. Trains the default task (tinylm on the embedded corpus, its default config) once to the
+   horizon given (4x by default), then scores that one model on the held-out spans each of
+   seeds 0-9 drew while every seed drew its own (the generator keys `(seed, 0, i, 1)`), and
+   through `evaluate` with tasks of two seeds, which now share `tinylm.HELD_OUT_KEY`'s
+   sample. The spread is what a per-seed held-out sample added to every spread across seeds.
+2. With `--pair`: schedule-free's seeded point of the default space and the family grid's
+   best (BENCHMARKS.md: 1.1782 and 1.1578 at 4x), each trained to 4x as the grid trains them
+   (1 rank x 2 micro-batches), every evaluation scored on those ten samples too; prints the
+   difference of their objectives (the best of the EMA bank, schedule-free's averaged
+   weights) on each. Its spread is how finely one held-out sample tells two configs apart.
 
-Run: `python bench/heldout_noise.py [HORIZON]` (about 4 minutes on 2 cores at 4x).
+Run: `python bench/heldout_noise.py [HORIZON]` (about 4 minutes on 2 cores at 4x);
+`python bench/heldout_noise.py --pair` (about 9 minutes, 2 runs at a time).
 """
 
 from __future__ import annotations
@@ -15,19 +20,32 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from schedule_search.core import checkpoint
 from schedule_search.core.config import parse
+from schedule_search.sweep.space import load_space, trial_config
 from schedule_search.tasks.protocol import Microbatch, seeded_generator
 from schedule_search.tasks.registry import build_task
-from schedule_search.tasks.tinylm import TinyLMTask
+from schedule_search.tasks.tinylm import TinyLMConfig, TinyLMTask
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.launch import run_local
 
+REPO = Path(__file__).resolve().parents[1]
 SEEDS = range(10)
+#: Schedule-free's seeded point in search_spaces/default.yaml and the family grid's best.
+PAIR = {
+    "seeded": {"schedulefree:optimizer.lr": 9.5e-3, "schedulefree:schedule.warmup": 0.4},
+    "grid best": {"schedulefree:optimizer.lr": 3.8e-2, "schedulefree:schedule.warmup": 0.8},
+}
+#: Each evaluation of a `heldout_noise:scored` task: its losses on the samples keys 0-9 drew.
+SCORES: list[list[float]] = []
 
 
 def trained_model(horizon: float) -> torch.nn.Module:
@@ -57,10 +75,60 @@ def loss_on_spans(task: TinyLMTask, model: torch.nn.Module, key: int) -> float:
     return total / count
 
 
+class Scored(TinyLMTask):
+    """tinylm whose every evaluation is also scored on the samples keys 0-9 drew (kept in
+    SCORES); it returns what tinylm returns (key 0's)."""
+
+    def evaluate(self, model: torch.nn.Module) -> float:
+        was_training = model.training
+        SCORES.append([loss_on_spans(self, model, key) for key in SEEDS])
+        model.train(was_training)
+        return SCORES[-1][0]
+
+
+def scored(seed: int, **options: Any) -> Scored:
+    """The user-task factory of `heldout_noise:scored`."""
+    return Scored(parse(TinyLMConfig, options, "pair", "task"), seed, "pair")
+
+
+def objective_on_samples(name: str) -> tuple[float, list[float]]:
+    """PAIR[name] trained to 4x in this process: its objective as recorded, and the same
+    evaluation (the bank member it picked) on each sample."""
+    torch.set_num_threads(1)
+    space = load_space(REPO / "search_spaces" / "default.yaml")
+    point = {"family": "schedulefree", "schedulefree:optimizer.betas.0": 0.9, **PAIR[name]}
+    config = trial_config(space, {**point, "window.microbatches": 2}, "pair")
+    config = replace(config, task=config.task | {"name": "heldout_noise:scored"})
+    with tempfile.TemporaryDirectory() as folder:
+        objective = run_local(config, folder, source="pair").history[-1]["val_loss"]
+    # The task was imported by name (`heldout_noise`), not as this script's `__main__`: its
+    # SCORES are that module's.
+    from heldout_noise import SCORES as scores
+
+    return objective, next(s for s in reversed(scores) if s[0] == objective)
+
+
+def pair() -> None:
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+        results = dict(zip(PAIR, pool.map(objective_on_samples, PAIR), strict=True))
+    for name, (objective, samples) in results.items():
+        print(f"{name}: objective {objective:.4f}; on samples 0-9:")
+        print("  " + " ".join(f"{loss:.4f}" for loss in samples))
+    gaps = [a - b for a, b in zip(*(s for _, s in results.values()), strict=True)]
+    print(f"seeded minus grid best: {' '.join(f'{g:+.4f}' for g in gaps)}")
+    print(f"  mean {statistics.mean(gaps):+.4f}, sd {statistics.stdev(gaps):.4f}, ", end="")
+    print(f"range {max(gaps) - min(gaps):.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("horizon", nargs="?", type=float, default=4.0)
-    horizon = parser.parse_args().horizon
+    parser.add_argument("--pair", action="store_true", help="the two configs' difference")
+    args = parser.parse_args()
+    if args.pair:
+        pair()
+        return
+    horizon = args.horizon
     model = trained_model(horizon)
     task = build_task({"name": "tinylm"}, 0)
     assert isinstance(task, TinyLMTask)
