@@ -12,7 +12,7 @@ from schedule_search.core.config import ConfigError
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.train.config import check_workers
 from schedule_search.transfer.plan import METHODS
-from schedule_search.transfer.run import build_study, transfer_base
+from schedule_search.transfer.run import SHARED_HELD_OUT, build_study, transfer_base
 
 __all__ = ["DEFAULT_MULTIPLES", "TransferLaunch", "plan_launch"]
 
@@ -56,6 +56,12 @@ def plan_launch(
     methods = methods or before.get("methods") or list(METHODS)
     build_study(sweep, settings, horizons, methods)
     seeds = seeds or before.get("seeds", 1)
+    if before.get("seeds", 1) > 1 and before.get("held_out") != SHARED_HELD_OUT:
+        raise ConfigError(
+            f"{launched.parent}: a transfer of {before['seeds']} seeds whose replicas were "
+            "scored each on its seed's own held-out sample; runs made now share one, so the "
+            "two cannot go in one table. Move that folder aside to run it again"
+        )
     launched_as = (
         before.get("horizons"),
         set(before.get("methods", [])),

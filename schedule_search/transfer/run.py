@@ -37,6 +37,7 @@ from schedule_search.transfer.seeds import pending_with_seeds
 
 __all__ = [
     "METHODS",
+    "SHARED_HELD_OUT",
     "TransferOutcome",
     "Unfinished",
     "build_study",
@@ -143,6 +144,11 @@ class TransferOutcome:
     sweep_history: History
 
 
+#: launch.json's mark of a transfer whose seeds are all scored on the task's one held-out
+#: sample (`tinylm.HELD_OUT_KEY`); one without it drew a sample per seed.
+SHARED_HELD_OUT = "shared"
+
+
 def run_transfer(
     sweep: Experiment,
     settings: SweepSettings,
@@ -168,6 +174,7 @@ def run_transfer(
                 "workers": settings.workers,
                 "concurrency": settings.concurrency,
                 "seeds": seeds,
+                "held_out": SHARED_HELD_OUT,
             },
             indent=1,
         ),

@@ -1,11 +1,14 @@
 """A transfer whose runs could not be built is refused at launch, in one line, before anything
 is written or Ray is asked anything; not hours in, when the run comes up in its round."""
 
+import json
+
 from schedule_search.cli import main
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import SweepFacts, write_facts
 from schedule_search.train.evaluation import Evaluation
 from schedule_search.transfer.launch import plan_launch
+from schedule_search.transfer.run import SHARED_HELD_OUT
 
 
 def finished_sweep(root, warmup: float) -> Experiment:
@@ -56,3 +59,34 @@ def test_a_wsd_branch_whose_cooldown_starts_inside_the_warmup_is_refused_at_laun
     # Without the WSD rows the same recipe's transfer is planned (the plan alone: no Ray).
     launch = plan_launch(sweep, [8.0], ["recipe", "constant"], None, None)
     assert launch.horizons == [1.0, 8.0] and not launch.resume
+
+
+def test_a_transfer_of_seeds_launched_before_the_shared_held_out_sample_is_not_resumed(
+    tmp_path, capsys
+):
+    """Its replicas were scored each on its seed's own held-out sample; runs made now share
+    one: resuming it would put the two in one table. Refused in one line, nothing written; the
+    same launch made now (marked) resumes."""
+    sweep = finished_sweep(tmp_path / "runs" / "s", warmup=0.05)
+    launched = sweep.root / "transfer" / "launch.json"
+    launched.parent.mkdir()
+    before = {
+        "horizons": [1.0, 8.0],
+        "to": [8.0],
+        "methods": ["recipe", "constant"],
+        "workers": 1,
+        "concurrency": 1,
+        "seeds": 3,
+    }
+    launched.write_text(json.dumps(before))
+    args = ["transfer", "s", "--storage", str(tmp_path / "runs")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{launched.parent}: a transfer of 3 seeds" in err, err
+    assert "Move that folder aside" in err
+    assert sorted(p.name for p in launched.parent.iterdir()) == ["launch.json"]
+    launched.write_text(json.dumps(before | {"seeds": 1}))  # seed 0 alone: nothing to mix
+    assert plan_launch(sweep, None, None, None, None).resume
+    launched.write_text(json.dumps(before | {"held_out": SHARED_HELD_OUT}))
+    launch = plan_launch(sweep, None, None, None, None)
+    assert launch.resume and launch.seeds == 3
