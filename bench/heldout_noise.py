@@ -31,9 +31,8 @@ import torch
 from schedule_search.core import checkpoint
 from schedule_search.core.config import parse
 from schedule_search.sweep.space import load_space, trial_config
-from schedule_search.tasks.protocol import Microbatch, seeded_generator
 from schedule_search.tasks.registry import build_task
-from schedule_search.tasks.tinylm import TinyLMConfig, TinyLMTask
+from schedule_search.tasks.tinylm import HELD_OUT_KEY, TinyLMConfig, TinyLMTask
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.launch import run_local
 
@@ -62,28 +61,13 @@ def trained_model(horizon: float) -> torch.nn.Module:
     return model
 
 
-@torch.no_grad()
-def loss_on_spans(task: TinyLMTask, model: torch.nn.Module, key: int) -> float:
-    """The mean held-out loss on the spans drawn with generator keys (key, 0, i, 1)."""
-    model.eval()
-    total, count = 0.0, 0
-    for i in range(task.config.eval_batches):
-        rows = task._sample_rows(task.corpus.val, seeded_generator(key, 0, i, 1))
-        batch = Microbatch(rows, rows.shape[0] * task.config.context)
-        total += float(task.loss_sum(model, batch))
-        count += batch.tokens
-    return total / count
-
-
 class Scored(TinyLMTask):
     """tinylm whose every evaluation is also scored on the samples keys 0-9 drew (kept in
     SCORES); it returns what tinylm returns (key 0's)."""
 
     def evaluate(self, model: torch.nn.Module) -> float:
-        was_training = model.training
-        SCORES.append([loss_on_spans(self, model, key) for key in SEEDS])
-        model.train(was_training)
-        return SCORES[-1][0]
+        SCORES.append([self.held_out_loss(model, key) for key in SEEDS])
+        return SCORES[-1][HELD_OUT_KEY]
 
 
 def scored(seed: int, **options: Any) -> Scored:
@@ -132,7 +116,7 @@ def main() -> None:
     model = trained_model(horizon)
     task = build_task({"name": "tinylm"}, 0)
     assert isinstance(task, TinyLMTask)
-    losses = [loss_on_spans(task, model, seed) for seed in SEEDS]
+    losses = [task.held_out_loss(model, seed) for seed in SEEDS]
     print(f"one model trained to {horizon:g}x, scored on the samples seeds 0-9 drew:")
     print("  " + " ".join(f"{loss:.4f}" for loss in losses))
     print(f"  sd {statistics.stdev(losses):.4f}, range {max(losses) - min(losses):.4f}")

@@ -165,13 +165,19 @@ class TinyLMTask:
         logits = model(rows[:, :-1])
         return F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="sum")
 
-    @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> float:
+        return self.held_out_loss(model, HELD_OUT_KEY)
+
+    @torch.no_grad()
+    def held_out_loss(self, model: torch.nn.Module, key: int) -> float:
+        """The mean loss per token on the `eval_batches` held-out micro-batches drawn with the
+        generator keys (key, 0, i, 1): `HELD_OUT_KEY`'s is the sample every run is scored on;
+        key k's, the one a run of seed k was scored on when each seed drew its own."""
         was_training = model.training
         model.eval()
         total, count = 0.0, 0
         for i in range(self.config.eval_batches):
-            rows = self._sample_rows(self.corpus.val, seeded_generator(HELD_OUT_KEY, 0, i, 1))
+            rows = self._sample_rows(self.corpus.val, seeded_generator(key, 0, i, 1))
             batch = Microbatch(rows, rows.shape[0] * self.config.context)
             total += float(self.loss_sum(model, batch))
             count += batch.tokens
