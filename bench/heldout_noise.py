@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from seed_noise import POINT
 
 from schedule_search.core import checkpoint
 from schedule_search.core.config import parse
@@ -40,8 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 SEEDS = range(10)
 #: Schedule-free's seeded point in search_spaces/default.yaml and the family grid's best.
 PAIR = {
-    "seeded": {"schedulefree:optimizer.lr": 9.5e-3, "schedulefree:schedule.warmup": 0.4},
-    "grid best": {"schedulefree:optimizer.lr": 3.8e-2, "schedulefree:schedule.warmup": 0.8},
+    "seeded": POINT,
+    "grid best": POINT | {"schedulefree:optimizer.lr": 3.8e-2, "schedulefree:schedule.warmup": 0.8},
 }
 #: Each evaluation of a `heldout_noise:scored` task: its losses on the samples keys 0-9 drew.
 SCORES: list[list[float]] = []
@@ -80,8 +81,7 @@ def objective_on_samples(name: str) -> tuple[float, list[float]]:
     evaluation (the bank member it picked) on each sample."""
     torch.set_num_threads(1)
     space = load_space(REPO / "search_spaces" / "default.yaml")
-    point = {"family": "schedulefree", "schedulefree:optimizer.betas.0": 0.9, **PAIR[name]}
-    config = trial_config(space, {**point, "window.microbatches": 2}, "pair")
+    config = trial_config(space, {**PAIR[name], "window.microbatches": 2}, "pair")
     config = replace(config, task=config.task | {"name": "heldout_noise:scored"})
     with tempfile.TemporaryDirectory() as folder:
         objective = run_local(config, folder, source="pair").history[-1]["val_loss"]
