@@ -10,6 +10,7 @@ test module is imported, so that holds whatever the import mode, and in the proc
 `run_ranks` spawns (they start with the parent's sys.path). Test modules have no __init__.py;
 pytest imports each by its basename, so basenames are unique across the tree."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,14 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+
+# One OpenMP thread a process, set before anything here imports torch: `make test` runs two
+# pytest-xdist workers on two cores, and each worker's torch (and the CLI and Ray processes
+# it starts, which inherit this) would otherwise spin up a thread per core beside the other
+# worker's. Training itself is unaffected (it sets `TrainConfig.threads`, 1 by default); the
+# unit tier took 83 CPU-s instead of 97 (49 s instead of 59 s of wall). A user's own setting
+# is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: tier folder -> whether its tests carry the `slow` mark.
 SLOW_IN = {"unit": False, "integration": True}
