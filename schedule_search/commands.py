@@ -313,6 +313,7 @@ def forecast(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from schedule_search.forecast import forecast_sweep, write_forecast
+    from schedule_search.forecast.predict import INTERVALS
     from schedule_search.recipe.export import exported_trial
     from schedule_search.store.experiment import Experiment
 
@@ -322,7 +323,7 @@ def forecast(args: argparse.Namespace) -> int:
     recipe_trial, _ = exported_trial(experiment)
     horizons = [horizon, *(h for h in (args.to or [8.0, 16.0, 32.0]) if h > horizon)]
     predicted = forecast_sweep(experiment, recipe_trial, horizons)
-    table = Table(title=f"{experiment.root.name}: forecast (10th-90th percentile)")
+    table = Table(title=f"{experiment.root.name}: forecast [interval]")
     table.add_column("row")
     for h in horizons:
         table.add_column(f"{h:g}x")
@@ -332,6 +333,8 @@ def forecast(args: argparse.Namespace) -> int:
             texts = [f"{t} lr {cells[h].lr:.2g}" for t, h in zip(texts, horizons, strict=True)]
         table.add_row(label, *texts)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+    for basis, rows in predicted.bases().items():
+        print(f"by the {basis}: {', '.join(rows)}; interval: {INTERVALS[basis]}")
     # How well each law fits the curves it was fitted on: a forecast is no closer than that.
     for name, fit in predicted.laws.items():
         print(f"law {name}: fitted on {len(fit.curves)} trials, rmse {fit.law.rmse:.4f} nats")

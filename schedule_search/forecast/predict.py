@@ -1,5 +1,9 @@
 """The forecast of a sweep: its curves, a law per optimizer and measure, and the rows the
-transfer would train, predicted at longer horizons with a bootstrap interval.
+transfer would train, predicted at longer horizons with an interval.
+
+The recipe is forecast by its own curve continued (`forecast.own_curve`) where its trial
+evaluated often enough past its warmup, by its optimizer's law otherwise; the rows no trial
+trained (constant + EMA at the transfer's LR, the envelopes) by AdamW's laws.
 
 Two laws are fitted per optimizer: one on the raw weights' losses (the last iterate, what a
 cosine or linear envelope is scored by) and one on the objective (each evaluation's best EMA
@@ -20,10 +24,22 @@ from schedule_search.core.config import ConfigError
 from schedule_search.core.optimizer import SCHEDULE_FREE_LR
 from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.forecast.law import Curve, LossLaw, Run, fit_law, with_schedule
+from schedule_search.forecast.own_curve import MIN_OWN_POINTS, continue_curve, past_warmup
 from schedule_search.store.experiment import Experiment
 from schedule_search.store.records import read_records
 
-__all__ = ["Forecast", "LawFit", "forecast_sweep", "sweep_curves"]
+__all__ = [
+    "ENVELOPES",
+    "INTERVALS",
+    "RECIPE",
+    "Forecast",
+    "LawFit",
+    "envelope_cells",
+    "fit_group",
+    "forecast_sweep",
+    "law_cells",
+    "sweep_curves",
+]
 
 #: A law has 8 parameters: it is fitted on at least twice as many evaluations, of at least
 #: 3 runs (a bootstrap over fewer draws the same run most of the time).
@@ -34,6 +50,15 @@ BOOTSTRAP = 20
 #: The envelopes' LR grid: this many log-spaced LRs over the swept range widened 4x each way.
 LR_GRID = 61
 RAW, OBJECTIVE = "raw", "objective"
+#: What a cell's forecast and interval come from.
+LAW, OWN_CURVE = "law", "own curve"
+#: The recipe's row.
+RECIPE = "recipe (best EMA)"
+#: Each basis's interval, as `forecast.json` states it.
+INTERVALS = {
+    LAW: "10th-90th percentile of the law refitted on trials drawn with replacement",
+    OWN_CURVE: "lowest and highest forecast of the curve refitted without each evaluation",
+}
 
 
 @dataclass(frozen=True)
@@ -51,6 +76,7 @@ class Cell:
     low: float
     high: float
     lr: float
+    basis: str = LAW
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,14 @@ class Forecast:
     recipe_trial: str
     laws: dict[str, LawFit]
     rows: dict[str, dict[float, Cell]]
+
+    def bases(self) -> dict[str, list[str]]:
+        """Each basis the cells are forecast on (`LAW`, `OWN_CURVE`) -> the rows using it."""
+        rows: dict[str, list[str]] = {}
+        for label, cells in self.rows.items():
+            for basis in sorted({cell.basis for cell in cells.values()}):
+                rows.setdefault(basis, []).append(label)
+        return dict(sorted(rows.items()))
 
 
 def sweep_curves(experiment: Experiment) -> dict[tuple[str, str], list[Curve]]:
@@ -112,6 +146,18 @@ def _cell(fit: LawFit, predict: Callable[[LossLaw], tuple[float, float]]) -> Cel
     return Cell(loss, float(min(low, loss)), float(max(high, loss)), lr)
 
 
+def _own_curve_cells(
+    experiment: Experiment, recipe_trial: str, recipe: Run, horizons: Sequence[float]
+) -> dict[float, Cell] | None:
+    """The recipe continued along its own objective curve, or None where its trial made
+    fewer than `MIN_OWN_POINTS` evaluations past its warmup (the law forecasts it then)."""
+    history = read_records(experiment.trial_dir(recipe_trial)).history
+    points = past_warmup({e.chinchilla: e.val_loss for e in history}, recipe.schedule.warmup)
+    if len(points) < MIN_OWN_POINTS:
+        return None
+    return {h: Cell(*continue_curve(points, h), recipe.lr, OWN_CURVE) for h in horizons}
+
+
 def _fixed(run: Run, horizon: float) -> Callable[[LossLaw], tuple[float, float]]:
     return lambda law: (float(law.predict(run, [horizon])[0]), run.lr)
 
@@ -133,6 +179,32 @@ def _tuned(
     return best
 
 
+def law_cells(fit: LawFit, run: Run, horizons: Sequence[float]) -> dict[float, Cell]:
+    """`run` (a horizon-free schedule) at each horizon, by the law `fit`."""
+    return {h: _cell(fit, _fixed(run, h)) for h in horizons}
+
+
+#: The envelopes the transfer trains: each horizon's runs end with this schedule.
+ENVELOPES: dict[str, dict[str, Any]] = {
+    "cosine envelope (last iterate)": {"kind": "cosine", "floor": 0.1},
+    "linear-to-zero envelope (last iterate)": {"kind": "linear"},
+}
+
+
+def envelope_cells(
+    fit: LawFit, run: Run, horizons: Sequence[float]
+) -> dict[str, dict[float, Cell]]:
+    """Each envelope at each horizon, by the raw weights' law `fit`: `run`'s warmup and
+    micro-batches with the envelope's schedule ending at the horizon, at the best of
+    `LR_GRID` LRs spanning the fitted curves' LRs widened 4x each way."""
+    swept = [c.run.lr for c in fit.curves]
+    lrs = np.geomspace(min(swept) / 4, max(swept) * 4, LR_GRID)
+    return {
+        label: {h: _cell(fit, _tuned(run, h, lrs, **schedule)) for h in horizons}
+        for label, schedule in ENVELOPES.items()
+    }
+
+
 def forecast_sweep(
     experiment: Experiment, recipe_trial: str, horizons: Sequence[float]
 ) -> Forecast:
@@ -141,36 +213,25 @@ def forecast_sweep(
     config = read_records(experiment.trial_dir(recipe_trial)).config["config"]
     recipe, optimizer = _run_of(config)
     curves = sweep_curves(experiment)
-    # The recipe's own optimizer by its objective; AdamW's for constant + EMA (objective) and
-    # the envelopes (raw weights).
-    needed = sorted({(optimizer, OBJECTIVE), ("adamw", OBJECTIVE), ("adamw", RAW)})
+    own = _own_curve_cells(experiment, recipe_trial, recipe, horizons)
+    # AdamW's laws for constant + EMA (objective) and the envelopes (raw weights); the
+    # recipe's own optimizer's by its objective where its own curve is too short.
+    needed = {("adamw", OBJECTIVE), ("adamw", RAW)}
+    if own is None:
+        needed.add((optimizer, OBJECTIVE))
     laws = {
         f"{name}/{measure}": fit_group(
             curves.get((name, measure), []), f"{experiment.root}: {name} ({measure})"
         )
-        for name, measure in needed
+        for name, measure in sorted(needed)
     }
-    swept = [c.run.lr for c in laws[f"adamw/{RAW}"].curves]
-    lrs = np.geomspace(min(swept) / 4, max(swept) * 4, LR_GRID)
     # Constant + EMA trains with AdamW at the LR the transfer gives it: a schedule-free
     # recipe's over sqrt(10) (`TransferStudy.adamw_lr`), the recipe's own otherwise.
     adamw_lr = recipe.lr / SCHEDULE_FREE_LR if optimizer == "schedulefree_adamw" else recipe.lr
     constant = with_schedule(replace(recipe, lr=adamw_lr), kind="constant")
-    rows: dict[str, dict[float, Cell]] = {}
-    for horizon in horizons:
-        for label, fit, predict in (
-            ("recipe (best EMA)", laws[f"{optimizer}/{OBJECTIVE}"], _fixed(recipe, horizon)),
-            ("constant + EMA (best EMA)", laws[f"adamw/{OBJECTIVE}"], _fixed(constant, horizon)),
-            (
-                "cosine envelope (last iterate)",
-                laws[f"adamw/{RAW}"],
-                _tuned(recipe, horizon, lrs, kind="cosine", floor=0.1),
-            ),
-            (
-                "linear-to-zero envelope (last iterate)",
-                laws[f"adamw/{RAW}"],
-                _tuned(recipe, horizon, lrs, kind="linear"),
-            ),
-        ):
-            rows.setdefault(label, {})[horizon] = _cell(fit, predict)
+    rows = {
+        RECIPE: own or law_cells(laws[f"{optimizer}/{OBJECTIVE}"], recipe, horizons),
+        "constant + EMA (best EMA)": law_cells(laws[f"adamw/{OBJECTIVE}"], constant, horizons),
+        **envelope_cells(laws[f"adamw/{RAW}"], recipe, horizons),
+    }
     return Forecast(list(horizons), recipe_trial, laws, rows)

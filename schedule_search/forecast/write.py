@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from schedule_search.core.files import atomic_write_text, strict_json
-from schedule_search.forecast.predict import Forecast
+from schedule_search.forecast.predict import INTERVALS, Forecast
 
 __all__ = ["write_forecast"]
 
@@ -29,7 +29,7 @@ def write_forecast(forecast: Forecast, folder: Path) -> Path:
     document = {
         "horizons": forecast.horizons,
         "recipe_trial": forecast.recipe_trial,
-        "interval": "10th-90th percentile of the law refitted on trials drawn with replacement",
+        "interval": {basis: INTERVALS[basis] for basis in forecast.bases()},
         "laws": laws,
         "rows": rows,
     }

@@ -99,7 +99,10 @@ def forecast_markdown(cells: dict[str, Any], horizons: list[float]) -> str:
         "## The sweep's forecast beside the measured cells",
         "",
         "Fitted on the sweep's curves alone (`forecast/forecast.json`), never on these runs: "
-        "forecast [10th-90th percentile of its refits] (measured, error = forecast - measured).",
+        "forecast [interval] (measured, error = forecast - measured). The recipe's row is its "
+        "own curve continued where its trial evaluated often enough (interval: the curve "
+        "refitted without each evaluation), the law's otherwise and for every other row "
+        "(interval: 10th-90th percentile of its refits).",
         "",
         "| forecast of | " + " | ".join(f"{h}x" for h in names) + " |",
         "| --- | " + " | ".join("---" for _ in names) + " |",

@@ -1,6 +1,6 @@
 """The forecast's law and verb on real record files: the fit recovers the law that generated
-the curves, a horizon-free run's forecast knows no horizon, and too few curves are refused in
-one line."""
+the curves, a horizon-free run's forecast knows no horizon, the recipe is continued along its
+own curve where it has one, and too few curves are refused in one line."""
 
 import numpy as np
 import pytest
@@ -10,6 +10,12 @@ from schedule_search.cli import main
 from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.forecast import LossLaw, Run, fit_law
 from schedule_search.forecast.law import Curve
+from schedule_search.forecast.own_curve import (
+    PowerCurve,
+    continue_curve,
+    fit_power_curve,
+    past_warmup,
+)
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import SweepFacts, write_facts
 from schedule_search.train.evaluation import Evaluation
@@ -112,11 +118,13 @@ def write_sweep(
 
 
 def test_the_verb_forecasts_from_the_records_and_writes_its_table(tmp_path, capsys):
-    experiment = write_sweep(tmp_path / "runs" / "lf", sweep_like_runs(), EVAL_AT)
+    # Three evaluations a trial: too few for the recipe's own curve, so the law forecasts it.
+    experiment = write_sweep(tmp_path / "runs" / "lf", sweep_like_runs(), [1.0, 2.0, 4.0])
     assert main(["forecast", "lf", "--storage", str(tmp_path / "runs"), "--to", "8,32"]) == 0
     document = strict_loads((experiment.root / "forecast" / "forecast.json").read_text())
     assert document["horizons"] == [4.0, 8.0, 32.0]
     assert (experiment.root / "forecast" / "forecast.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(document["interval"]) == {"law"}
     # The recipe is the best trial at 4x; its raw-weights law is TRUTH, its objective 0.01
     # below: the forecast of the recipe continued is the law's at each horizon, exactly.
     best = experiment.best(4.0)
@@ -130,7 +138,7 @@ def test_the_verb_forecasts_from_the_records_and_writes_its_table(tmp_path, caps
         cell = document["rows"]["recipe (best EMA)"][f"{horizon:g}"]
         expected = TRUTH.predict(recipe, [horizon])[0] - 0.01
         assert cell["loss"] == pytest.approx(expected, abs=1e-4)
-        assert cell["low"] <= cell["loss"] <= cell["high"]
+        assert cell["low"] <= cell["loss"] <= cell["high"] and cell["basis"] == "law"
         envelope = document["rows"]["cosine envelope (last iterate)"][f"{horizon:g}"]
         lrs = np.geomspace(3e-3 / 4, 3e-2 * 4, 61)
         cosine = ScheduleConfig(kind="cosine", horizon=horizon, warmup=recipe.schedule.warmup)
@@ -142,6 +150,62 @@ def test_the_verb_forecasts_from_the_records_and_writes_its_table(tmp_path, caps
     fits = [line for line in out.splitlines() if line.startswith("law ")]
     assert {line.split(":")[0] for line in fits} == {f"law {name}" for name in document["laws"]}
     assert all(float(line.split("rmse ")[1].split()[0]) < 1e-3 for line in fits), fits
+
+
+def test_the_recipe_is_forecast_along_its_own_curve(tmp_path, capsys):
+    """A recipe trial with four evaluations past its warmup is forecast by its own curve
+    continued: exactly where that curve is a power law with a floor, with an interval that
+    opens when one evaluation strays from it. The law is not fitted for it (16 schedule-free
+    evaluations are not needed)."""
+    runs = sweep_like_runs()
+    schedule_free = {0: "schedulefree_adamw"}
+    experiment = write_sweep(tmp_path / "runs" / "own", runs, EVAL_AT, schedule_free)
+    curve = PowerCurve(floor=0.5, scale=0.3, exponent=0.7)  # below every other trial at 4x
+    losses = dict(zip(EVAL_AT, curve.predict(EVAL_AT), strict=True))
+    for stray in (0.0, 0.01):
+        rewrite_objective(experiment, "t0000", {**losses, 2.0: losses[2.0] + stray})
+        code = main(["forecast", "own", "--storage", str(tmp_path / "runs"), "--to", "8,32"])
+        assert code == 0
+        document = strict_loads((experiment.root / "forecast" / "forecast.json").read_text())
+        assert document["recipe_trial"] == "t0000"
+        assert set(document["interval"]) == {"law", "own curve"}
+        assert "schedulefree_adamw/objective" not in document["laws"]
+        for horizon in (8.0, 32.0):
+            cell = document["rows"]["recipe (best EMA)"][f"{horizon:g}"]
+            assert cell["basis"] == "own curve"
+            assert cell["low"] <= cell["loss"] <= cell["high"]
+            if stray == 0.0:
+                assert cell["loss"] == pytest.approx(curve.predict([horizon])[0], abs=1e-6)
+                assert cell["high"] - cell["low"] < 1e-6
+            else:
+                assert cell["high"] - cell["low"] > 1e-3
+    assert "by the own curve: recipe (best EMA); interval" in capsys.readouterr().out
+
+
+def test_the_power_curve_fit_recovers_its_parameters():
+    truth = PowerCurve(floor=1.02, scale=0.445, exponent=0.75)
+    ages = [0.5, 1.0, 2.0, 4.0]
+    fitted = fit_power_curve(dict(zip(ages, truth.predict(ages), strict=True)))
+    for name in ("floor", "scale", "exponent"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-5), name
+    with pytest.raises(ValueError, match="a curve needs 4"):
+        continue_curve(dict(zip(ages[:3], truth.predict(ages[:3]), strict=True)), 8.0)
+    # Evaluations during the warmup are left out (the LR still rises there), and so are losses
+    # that are not finite.
+    assert past_warmup({0.25: 2.0, 0.5: 1.8, 1.0: float("nan"), 2.0: 1.2}, 0.4) == {
+        0.5: 1.8,
+        2.0: 1.2,
+    }
+
+
+def rewrite_objective(experiment: Experiment, trial_id: str, losses: dict[float, float]) -> None:
+    """Set the objective (best EMA) of `trial_id`'s evaluations to `losses`."""
+    history = experiment.read_trial_json(trial_id, "metrics.json")
+    for row in history:
+        row["val_loss"] = losses[row["chinchilla"]]
+    experiment.write_trial_json(trial_id, "metrics.json", history)
+    result = experiment.read_trial_json(trial_id, "result.json")
+    experiment.write_trial_json(trial_id, "result.json", {**result, "val_loss": losses[4.0]})
 
 
 def test_constant_ema_is_forecast_at_the_lr_the_transfer_trains_it_at(tmp_path):
