@@ -1,6 +1,7 @@
 """The forecast against the committed transfer study: fitted on sweep-protocol curves at
-0.5x-4x only, its forecast of the recipe and of constant + EMA at 4x-32x beside the losses the
-transfer measured (bench/results/tinylm-transfer/transfer.json), with the error per cell.
+0.5x-4x only, its forecast of the recipe, constant + EMA and the two envelopes at 4x-32x beside
+the losses the transfer measured (bench/results/tinylm-transfer/transfer.json), with the error
+per cell.
 
 The curves: bench/results/family-search/grid.jsonl, the 90 points of the family grid on the
 default tinylm task, one rank, each the objective (the best EMA of the bank) at 0.5x, 1x, 2x
@@ -11,14 +12,15 @@ on the 45 AdamW points (LR x gamma x alpha); the law fitted on the 45 schedule-f
 (LR x warmup x beta 1) is reported beside it, for the recipe, as what the forecast did before.
 The default sweep's own records are not committed (runs/ is not in git), and a fresh
 `make sweep` has too few evaluations for the AdamW law (ASHA stops most trials at 0.5x-1x:
-`forecast` refuses it). The grid holds objective losses only, so the envelopes (last iterate)
-are not forecast here.
+`forecast` refuses it). The envelopes (scored by their last iterate) are forecast by the AdamW
+law fitted on the same 45 points' raw weights' losses (`RAW_GRID`, from `bench/raw_grid.py`),
+each horizon at the law's best LR, as the verb does.
 
 A second table checks the own curve on every horizon-free run of the study that measured its
 own curve to 4x (constant + EMA and the recipe, every seed): fitted on its evaluations after
 its warmup up to 4x, read at 8x-32x.
 
-Usage: python bench/forecast.py   (about 2 minutes per law on 2 cores)
+Usage: python bench/forecast.py   (about 40 s)
 """
 
 from __future__ import annotations
