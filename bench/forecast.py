@@ -187,7 +187,8 @@ def main() -> None:
             measured = {float(h): loss for h, loss in rows[label]["loss"].items()}
             cells[label] = compared(label, as_triples(envelopes[label]), measured)
             for h in HORIZONS:
-                cells[label][f"{h:g}"]["lr"] = envelopes[label][h].lr
+                cell = envelopes[label][h]
+                cells[label][f"{h:g}"].update(lr=cell.lr, caution=cell.caution)
     before = compared(
         "recipe (schedule-free law, before)",
         as_triples(law_cells(laws["schedulefree_adamw"], as_run(recipe), HORIZONS)),

@@ -335,6 +335,10 @@ def forecast(args: argparse.Namespace) -> int:
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     for basis, rows in predicted.bases().items():
         print(f"by the {basis}: {', '.join(rows)}; interval: {INTERVALS[basis]}")
+    for label, cells in predicted.rows.items():
+        for h, cell in cells.items():
+            if cell.caution:
+                print(f"caution: {label} at {h:g}x: {cell.caution}")
     # How well each law fits the curves it was fitted on: a forecast is no closer than that.
     for name, fit in predicted.laws.items():
         print(f"law {name}: fitted on {len(fit.curves)} trials, rmse {fit.law.rmse:.4f} nats")

@@ -77,6 +77,9 @@ class Cell:
     high: float
     lr: float
     basis: str = LAW
+    #: Why to read the cell with care ("" if nothing): an envelope whose best LR lies outside
+    #: the LRs the law was fitted on is the law extrapolated in LR as well as in time.
+    caution: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,11 +200,18 @@ def envelope_cells(
     """Each envelope at each horizon, by the raw weights' law `fit`: `run`'s warmup and
     micro-batches with the envelope's schedule ending at the horizon, at the best of
     `LR_GRID` LRs spanning the fitted curves' LRs widened 4x each way."""
-    swept = [c.run.lr for c in fit.curves]
-    lrs = np.geomspace(min(swept) / 4, max(swept) * 4, LR_GRID)
+    low, high = min(c.run.lr for c in fit.curves), max(c.run.lr for c in fit.curves)
+    lrs = np.geomspace(low / 4, high * 4, LR_GRID)
+
+    def cell(horizon: float, schedule: dict[str, Any]) -> Cell:
+        found = _cell(fit, _tuned(run, horizon, lrs, **schedule))
+        if low <= found.lr <= high:
+            return found
+        caution = f"best LR {found.lr:.2g} outside the fitted LRs {low:.2g}-{high:.2g}"
+        return replace(found, caution=caution)
+
     return {
-        label: {h: _cell(fit, _tuned(run, h, lrs, **schedule)) for h in horizons}
-        for label, schedule in ENVELOPES.items()
+        label: {h: cell(h, schedule) for h in horizons} for label, schedule in ENVELOPES.items()
     }
 
 

@@ -144,7 +144,16 @@ def test_the_verb_forecasts_from_the_records_and_writes_its_table(tmp_path, caps
         cosine = ScheduleConfig(kind="cosine", horizon=horizon, warmup=recipe.schedule.warmup)
         truth = min(TRUTH.predict(Run(lr, cosine, recipe.microbatches), [horizon])[0] for lr in lrs)
         assert envelope["loss"] == pytest.approx(truth, abs=1e-4)
+    # Past 8x, linear to zero's best LR under TRUTH (5.2e-2 at 32x, computed as above) lies
+    # above the swept 3e-3-3e-2: such a cell says it is the law extrapolated in LR; cosine's
+    # (7.4e-3 to 1.6e-2) does not.
+    for horizon in (8.0, 32.0):
+        linear = document["rows"]["linear-to-zero envelope (last iterate)"][f"{horizon:g}"]
+        assert linear["lr"] > 3e-2 and "outside the fitted LRs 0.003-0.03" in linear["caution"]
+    cosine_rows = document["rows"]["cosine envelope (last iterate)"].values()
+    assert not any(cell["caution"] for cell in cosine_rows)
     out = capsys.readouterr().out
+    assert "caution: linear-to-zero envelope (last iterate) at 32x: best LR" in out
     assert "recipe (best EMA)" in out
     # each law's fit on its own curves: these are the law's own, so it fits them closely
     fits = [line for line in out.splitlines() if line.startswith("law ")]
