@@ -239,8 +239,10 @@ def forecast_sweep(
     # recipe's over sqrt(10) (`TransferStudy.adamw_lr`), the recipe's own otherwise.
     adamw_lr = recipe.lr / SCHEDULE_FREE_LR if optimizer == "schedulefree_adamw" else recipe.lr
     constant = with_schedule(replace(recipe, lr=adamw_lr), kind="constant")
+    if own is None:
+        own = law_cells(laws[f"{optimizer}/{OBJECTIVE}"], recipe, horizons)
     rows = {
-        RECIPE: own or law_cells(laws[f"{optimizer}/{OBJECTIVE}"], recipe, horizons),
+        RECIPE: own,
         "constant + EMA (best EMA)": law_cells(laws[f"adamw/{OBJECTIVE}"], constant, horizons),
         **envelope_cells(laws[f"adamw/{RAW}"], recipe, horizons),
     }
