@@ -113,15 +113,19 @@ def cpu() -> str:
     return "unknown"
 
 
-def train_point(space: SearchSpace, point: dict) -> dict:
+def point_history(space: SearchSpace, point: dict) -> list[dict]:
     """A grid point trained as the sweep's trial of it would be (the space's 4x budget and its
-    milestones): its objective at each milestone, and the CPU it was trained on."""
+    milestones, one thread): its evaluations (`Evaluation.to_metrics()` each)."""
     torch.set_num_threads(1)
     config = trial_config(space, point, "grid")
     assert config.budget.horizon == HORIZON and (*config.budget.eval_at, HORIZON) == MILESTONES
     with tempfile.TemporaryDirectory() as folder:
-        result = train(config, _PruningSession(Path(folder), None), "grid")
-    losses = {f"{row['chinchilla']:g}": row["val_loss"] for row in result.history}
+        return train(config, _PruningSession(Path(folder), None), "grid").history
+
+
+def train_point(space: SearchSpace, point: dict) -> dict:
+    """A grid point's objective at each milestone, and the CPU it was trained on."""
+    losses = {f"{row['chinchilla']:g}": row["val_loss"] for row in point_history(space, point)}
     return {"point": point, "losses": losses, "cpu": cpu()}
 
 

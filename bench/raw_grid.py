@@ -16,18 +16,13 @@ Usage: python bench/raw_grid.py   (about 50 minutes on 2 cores)
 from __future__ import annotations
 
 import json
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from pathlib import Path
 
-import torch
-from family_search import REPO, TABLE, _key, _trained_as, cpu, grid_points
-from search import _PruningSession
+from family_search import REPO, TABLE, _key, _trained_as, cpu, grid_points, point_history
 
 from schedule_search.core.averaging import loss_key
-from schedule_search.sweep.space import SearchSpace, load_space, trial_config
-from schedule_search.train.loop import train
+from schedule_search.sweep.space import SearchSpace, load_space
 
 RAW_TABLE = TABLE.parent / "raw.jsonl"
 FAMILY = "anytime"
@@ -36,12 +31,9 @@ FAMILY = "anytime"
 def train_raw(space: SearchSpace, point: dict) -> dict:
     """The point trained as `family_search.train_point` trains it; its objective and raw
     weights' loss at each milestone."""
-    torch.set_num_threads(1)
-    config = trial_config(space, point, "grid")
-    with tempfile.TemporaryDirectory() as folder:
-        result = train(config, _PruningSession(Path(folder), None), "grid")
-    losses = {f"{row['chinchilla']:g}": row["val_loss"] for row in result.history}
-    raw = {f"{row['chinchilla']:g}": row[loss_key(0.0)] for row in result.history}
+    history = point_history(space, point)
+    losses = {f"{row['chinchilla']:g}": row["val_loss"] for row in history}
+    raw = {f"{row['chinchilla']:g}": row[loss_key(0.0)] for row in history}
     return {"point": point, "losses": losses, "raw": raw, "cpu": cpu()}
 
 
