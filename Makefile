@@ -15,11 +15,14 @@ CLI := $(VENV)/bin/schedule-search
 
 install: $(STAMP)
 
+# torch through pip, which finds the CPU build on this disk; the rest through uv, which
+# resolves and downloads the same releases in parallel (on a clean clone here: 4 s with uv
+# against about 60 s with pip) and keeps the torch already installed, which satisfies the
+# package's range.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[sweep,hf,dev]"
+	$(PY) -m pip install -q "$(TORCH)" uv
+	$(PY) -m uv pip install -q --python $(PY) --compile-bytecode -e ".[sweep,hf,dev]"
 	touch $(STAMP)
 
 # Everything: real Ray sweeps, kills and gloo ranks, two tests at a time (pytest-xdist; each
