@@ -8,6 +8,7 @@ traceback each (a sweep on a cluster without the user's module: 329 lines, 113 s
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -19,9 +20,20 @@ from ray import tune
 from schedule_search.core.states import State
 from schedule_search.store.experiment import Experiment
 
-__all__ = ["FailFast", "TrialsFailed", "error_line", "raise_if_trials_cannot_run"]
+__all__ = [
+    "FailFast",
+    "TrialsFailed",
+    "error_line",
+    "raise_if_trials_cannot_run",
+    "unwritable_path",
+]
 
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit)): ")
+#: An OSError's line for a volume that has no room (ENOSPC, EDQUOT) or takes no writes
+#: (EROFS), and the path it names.
+_STORAGE_ERROR = re.compile(
+    rf"\[Errno ({errno.ENOSPC}|{errno.EDQUOT}|{errno.EROFS})\] [^:]+: '(?P<path>[^']+)'"
+)
 
 
 def error_line(error_file: str | Path | None) -> str:
@@ -38,6 +50,14 @@ def error_line(error_file: str | Path | None) -> str:
             return line.strip()
     lines = [line.strip() for line in lines if line.strip()]
     return lines[-1] if lines else "error"
+
+
+def unwritable_path(line: str, folder: Path) -> bool:
+    """Whether the error `line` is a full or read-only volume refusing a write inside
+    `folder`. A retry of the trial meets the same volume, so it cannot succeed until someone
+    makes room; one on another node's disk (a worker's staging folder) may, elsewhere."""
+    found = _STORAGE_ERROR.search(line)
+    return found is not None and Path(found["path"]).is_relative_to(folder)
 
 
 class FailFast(tune.Stopper):

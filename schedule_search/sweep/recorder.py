@@ -10,7 +10,7 @@ from ray import tune
 from schedule_search.core.states import State
 from schedule_search.store.experiment import Experiment
 from schedule_search.store.records import METRIC, read_records
-from schedule_search.sweep.failures import FailFast, error_line
+from schedule_search.sweep.failures import FailFast, error_line, unwritable_path
 from schedule_search.sweep.live_view import LiveView
 
 __all__ = ["TrialRecorder"]
@@ -62,6 +62,18 @@ class TrialRecorder(tune.Callback):
         else:
             state, reason = State.STOPPED, "stopped early by ASHA"
         self._record(trial, state, reason, result)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        """Called when Tune is to retry a failed trial. A trial that failed because the
+        experiment folder's volume is full or read-only ends the sweep instead, in one line:
+        each retry would meet the same volume (a full one cost two retries of every running
+        trial, each a new process, before the sweep ended), and a `resume` once there is room
+        runs it again from its last checkpoint."""
+        reason = error_line(trial.error_file)
+        if unwritable_path(reason, self.experiment_of(trial).root):
+            self.fail_fast.stop(
+                f"trial {trial.trial_id} cannot write to the experiment folder: {reason}"
+            )
 
     def on_trial_error(self, iteration, trials, trial, **info):
         """Called once Tune's retries are spent."""

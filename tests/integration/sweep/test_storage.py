@@ -126,7 +126,7 @@ def ended(sweep: subprocess.Popen, err: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.cost(65)
+@pytest.mark.cost(50)
 def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finishes(
     tmp_path, capsys
 ):
@@ -146,6 +146,8 @@ def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finis
                 assert len(lines) == 1 and lines[0].startswith("sweep ended: "), err[-3000:]
                 assert "[Errno 28] No space left on device" in lines[0]
                 assert f"'{storage}/full/" in lines[0]  # the file that could not be written
+                # At the first failure: a retry would meet the same full volume.
+                assert "cannot write to the experiment folder" in lines[0], lines[0]
                 states = {row.trial_id: row.state for row in experiment.rows()}
                 assert len(states) == 2, states
                 # `status` reads the records and shows the table (in this process: it starts
@@ -176,13 +178,15 @@ def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finis
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.cost(45)
+@pytest.mark.cost(40)
 def test_a_trial_whose_end_cannot_be_recorded_ends_the_sweep_in_one_line(tmp_path):
     """A trial's folder turns read-only mid-run while the rest of the experiment folder stays
     writable (a permission changed, one file's volume remounted): the trial fails and its end
     cannot be recorded. The sweep ends in one line that says so, exit 1, rather than write
     its table and exit 0 with the trial shown as if it were still running; once the folder
-    is writable again, `resume` runs the trial to its end, each evaluation once."""
+    is writable again, `resume` runs the trial to its end, each evaluation once. No retries
+    (`--max-failures 0`): with them, the trial's first failure ends the sweep, before its
+    end is to be recorded (the full volume's test above)."""
     code = resting_task(tmp_path)  # a trial of seconds, not a fraction of one
     base = LINREG_SPACE["base"] | {
         "task": LINREG_SPACE["base"]["task"] | {"name": "resting:make"},
@@ -192,6 +196,7 @@ def test_a_trial_whose_end_cannot_be_recorded_ends_the_sweep_in_one_line(tmp_pat
     storage = tmp_path / "runs"
     experiment = Experiment(storage / "lin")
     command = [*CLI, "sweep", str(space), "--workers", "1", "--storage", str(storage)]
+    command += ["--max-failures", "0"]
     err_file = tmp_path / "sweep.err"
     with running(command, err_file, {"PYTHONPATH": str(code)}) as sweep:
         trial = first_evaluation(sweep, experiment)
