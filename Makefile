@@ -16,9 +16,10 @@ CLI := $(VENV)/bin/schedule-search
 install: $(STAMP)
 
 # torch through pip, which finds the CPU build on this disk; the rest through uv, which
-# resolves and downloads the same releases in parallel (on a clean clone here: 4 s with uv
-# against about 60 s with pip) and keeps the torch already installed, which satisfies the
-# package's range.
+# resolves and downloads the same releases in parallel and keeps the torch already installed
+# (it satisfies the package's range). Compiled: these machines set PYTHONDONTWRITEBYTECODE,
+# so an uncompiled package is compiled again by every process that imports it. The whole
+# install on a clean clone with empty caches: 50 s, 81 s with pip alone.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)" uv
