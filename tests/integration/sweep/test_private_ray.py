@@ -319,3 +319,34 @@ def test_a_cluster_in_token_mode_is_joined_with_its_token_or_refused_in_one_line
     assert settings["address"] == address
     assert settings["concurrency"] == CLUSTER_CPUS  # the cluster's CPUs // 1 worker
     assert not (storage / SPACE["name"] / TOKEN_FILE).exists()  # the cluster's token is its own
+
+
+@pytest.mark.cost(10)
+def test_an_address_where_no_cluster_runs_is_refused_in_one_line(tmp_path):
+    """Nothing listens at the address: one line naming it, the address Ray tried whole (Ray
+    writes the machine's address for 127.0.0.1, dots and port), both reasons a client cannot
+    join, exit 2, nothing written."""
+    port = free_port()  # free a moment ago: nothing listens there
+    # One try of 2 s, not Ray's window of ~20 tries of ~40 s each (both read by the client).
+    one_short_try = {"RAY_gcs_server_port_wait_time_s": "1", "RAY_py_gcs_connect_timeout_s": "2"}
+    address = f"127.0.0.1:{port}"
+    space = write_space(tmp_path, samples=1, scheduler="fifo")
+    storage = tmp_path / "runs"
+    done = cli(
+        "sweep",
+        str(space),
+        "--workers",
+        "1",
+        "--address",
+        address,
+        "--storage",
+        str(storage),
+        env=without_token(tmp_path) | one_short_try,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --address {address}: "), lines
+    tried = re.search(r"\(Failed to connect to Ray cluster at ([^)]+)\)", lines[0])
+    assert tried and tried[1].endswith(f":{port}") and tried[1].count(".") == 3, lines[0]
+    assert "is one running at that address?" in lines[0] and "RAY_AUTH_TOKEN" in lines[0]
+    assert not storage.exists()
