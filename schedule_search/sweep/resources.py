@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import re
+import socket
 import tempfile
 from collections.abc import Iterator
 
@@ -33,6 +34,7 @@ def available(address: str | None) -> dict[str, float]:
         import torch
 
         return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+    _check_listening(address)
     import ray
 
     try:
@@ -45,6 +47,28 @@ def available(address: str | None) -> dict[str, float]:
     finally:
         ray.shutdown()
     return {"CPU": resources.get("CPU", 0.0), "GPU": resources.get("GPU", 0.0)}
+
+
+#: Seconds to wait for a cluster head's port to accept a connection.
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_listening(address: str) -> None:
+    """A ConfigError at once where nothing accepts a connection at a `host:port` address (a
+    typo, a wrong port, a head that is down): Ray's client would retry its GCS for its whole
+    connect window first (824 s here with Ray's defaults) before the same refusal. `auto`, a
+    `ray://` address and anything else that is not a host and a port are left to Ray."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise ConfigError(
+            f"--address {address}: nothing accepts a connection there "
+            f"({err.strerror or err.__class__.__name__}); is a Ray cluster's head running at "
+            "that address and port?"
+        ) from None
 
 
 @contextlib.contextmanager
