@@ -87,16 +87,15 @@ def _native_stderr_dropped() -> Iterator[None]:
 
 
 def _refused(address: str, err: Exception) -> str:
-    """One line for a cluster this client could not join: the cause as Ray names it (its first
-    sentence, whole: the address Ray tried has dots of its own), and the two reasons it has:
-    no cluster at that address, or one in token mode that Ray sends no token to (it sends one
-    only in its own token mode)."""
+    """One line for a cluster that listens (`_check_listening`) but did not let this client
+    join: the cause as Ray names it (its first sentence, whole: the address Ray tried has dots
+    of its own), and what Ray reads a token from (it sends one only in its own token mode)."""
     cause = re.split(r"\.\s|\n", str(err).strip(), maxsplit=1)[0].rstrip(".")
     mode = os.environ.get("RAY_AUTH_MODE") or "unset"
     return (
-        f"--address {address}: could not join a Ray cluster there "
-        f"({cause or err.__class__.__name__}); is one running at that address? RAY_AUTH_MODE "
-        f"is {mode}: a cluster in token mode needs RAY_AUTH_MODE=token and its token in "
+        f"--address {address}: the cluster there did not let this client join "
+        f"({cause or err.__class__.__name__}); RAY_AUTH_MODE is {mode}: a cluster in token "
+        "mode needs RAY_AUTH_MODE=token and its token in "
         "RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token"
     )
 
