@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import write_config
 from processes import kill_session
 
 from schedule_search.core import checkpoint as ckpt
+from schedule_search.core.config import parse
 from schedule_search.store.experiment import Experiment
+from schedule_search.train.config import TrainConfig
+from schedule_search.train.launch import run_local
 
 SPACE = {
     "name": "lin",
@@ -262,17 +264,13 @@ def wait_for_a_registered_checkpoint(sweep: subprocess.Popen, experiment: Experi
 
 def assert_ends_as_never_killed(experiment: Experiment, trial_id: str, tmp_path: Path) -> None:
     """The trial resumed from a checkpoint and ended with the parameters and EMA bank of its
-    own config trained by `train` on two gloo ranks, without Ray, never killed."""
+    own config trained on two gloo ranks by the trainer `train` runs, without Ray, never
+    killed (in this process: the ranks fork from its warm forkserver)."""
     events = [json.loads(x) for x in (experiment.trial_dir(trial_id) / "events.jsonl").open()]
     assert any(e["event"] == "resumed" and e["tokens"] > 0 for e in events)
     config = experiment.read_trial_json(trial_id, "config.json")["config"]
-    reference = write_config(tmp_path / "trial.yaml", config)
     straight = tmp_path / "straight"
-    subprocess.run(
-        [*CLI, "train", str(reference), "--workers", "2", "--run-dir", str(straight)],
-        check=True,
-        capture_output=True,
-    )
+    run_local(parse(TrainConfig, config, "config.json"), straight, workers=2)
     a = ckpt.load_latest(straight / "checkpoints")[1]
     b = ckpt.load_latest(experiment.train_run_dir(trial_id))[1]
     assert b["progress"]["status"] == "completed"

@@ -1,9 +1,11 @@
-"""The local Ray a sweep starts keeps its State API where it told its processes it would be,
-even when the chosen dashboard port is taken between choosing it and Ray binding it (Ray then
-runs without a dashboard, and Ray Train never frees a stopped trial's workers)."""
+"""The local Ray a sweep of worker-group trials starts keeps its State API where it told its
+processes it would be, even when the chosen dashboard port is taken between choosing it and
+Ray binding it (Ray then runs without a dashboard, and Ray Train never frees a stopped trial's
+workers). A sweep of in-process trials starts its Ray without a dashboard."""
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 from ray.util.state import list_nodes
@@ -28,10 +30,48 @@ def test_a_dashboard_port_taken_before_ray_binds_it_starts_ray_on_another(tmp_pa
         return chosen[-1]
 
     monkeypatch.setattr(ray_env, "free_port", first_the_taken_port)
-    settings = SweepSettings(name="x", samples=1, workers=1, concurrency=1)
+    settings = SweepSettings(name="x", samples=1, workers=2, concurrency=1)
     with taken, ray_env.ray_session(settings, {"name": "linreg"}, tmp_path):
         address = os.environ["RAY_API_SERVER_ADDRESS"]
         assert chosen[0] == taken_port and len(chosen) == 2, chosen
         assert address == f"http://127.0.0.1:{chosen[1]}"
         # The State API answers at the address every process of this Ray inherited.
         assert len(list_nodes(address=address)) == 1
+
+
+def dashboard_modules_started_here() -> list[bytes]:
+    """The command lines of the dashboard's module processes (`ray-dashboard-<Module>-0`) among
+    this process's descendants: a local Ray's processes are its children."""
+    parents, commands = {}, {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat, command = (entry / "stat").read_text(), (entry / "cmdline").read_bytes()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = command
+        except (OSError, ValueError, IndexError):  # not a process, or it ended while we looked
+            continue
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [c for pid, c in commands.items() if c.startswith(b"ray-dashboard-") and descends(pid)]
+
+
+@pytest.mark.slow
+@pytest.mark.cost(8)
+@pytest.mark.timeout(300)
+def test_a_ray_for_in_process_trials_starts_without_the_dashboards_modules(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    for workers in (1, 2):
+        settings = SweepSettings(name="x", samples=1, workers=workers, concurrency=1)
+        assert settings.in_process == (workers == 1)
+        with ray_env.ray_session(settings, {"name": "linreg"}, tmp_path):
+            modules = dashboard_modules_started_here()
+            # With a dashboard: its State API among them (Ray Train's cleaner asks it).
+            assert any(b"StateHead" in c for c in modules) == (workers == 2), modules
+            assert not modules or workers == 2, modules
+            assert ("RAY_API_SERVER_ADDRESS" in os.environ) == (workers == 2)
