@@ -42,7 +42,7 @@ import torch
 from search import _PruningSession
 
 from schedule_search.core.config import to_dict
-from schedule_search.sweep.optuna_study import make_sampler, suggest_family_trial
+from schedule_search.sweep.optuna_study import make_sampler, suggest_family_trial, tpe_sampler
 from schedule_search.sweep.space import FAMILY, SearchSpace, load_space, searched, trial_config
 from schedule_search.train.loop import train
 
@@ -75,6 +75,8 @@ class Setting:
     trials: int = 10
     #: Schedule-free's seeded point at this LR instead of the space's (None: the space's).
     schedulefree_seed_lr: float | None = None
+    #: TPESampler options that replace or add to the sweep's (`tpe_sampler`), as pairs.
+    tpe_options: tuple[tuple[str, object], ...] = ()
 
 
 #: Schedule-free's README puts its LR 1x-10x the schedule-based one; the space seeds the
@@ -102,6 +104,13 @@ SETTINGS = {
     ),
     "TPE, halving from 1x, 12 trials, schedule-free seeded at 1.9e-2": Setting(
         grace=1.0, trials=12, schedulefree_seed_lr=SCHEDULEFREE_SEED_ON_MEASURED_LR
+    ),
+    # TPE's own options (those Optuna 4.9 has not deprecated), on the default:
+    "TPE independent (not multivariate, not grouped), halving from 0.5x, 12 trials": Setting(
+        grace=0.5, trials=12, tpe_options=(("multivariate", False), ("group", False))
+    ),
+    "TPE, 64 EI candidates, halving from 0.5x, 12 trials": Setting(
+        grace=0.5, trials=12, tpe_options=(("n_ei_candidates", 64),)
     ),
 }
 
@@ -200,9 +209,12 @@ def study(space: SearchSpace, table: dict, setting: Setting, seed: int) -> tuple
         if setting.grace
         else optuna.pruners.NopPruner()
     )
-    search = optuna.create_study(
-        sampler=make_sampler(setting.sampler, seed, setting.startup), pruner=pruner
+    sampler = (
+        tpe_sampler(seed, setting.startup, **dict(setting.tpe_options))
+        if setting.tpe_options
+        else make_sampler(setting.sampler, seed, setting.startup)
     )
+    search = optuna.create_study(sampler=sampler, pruner=pruner)
     if setting.seeded_points:
         for point in space.points_to_evaluate:
             if setting.schedulefree_seed_lr and point[FAMILY] == "schedulefree":

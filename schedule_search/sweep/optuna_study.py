@@ -6,7 +6,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import optuna
 
@@ -48,7 +48,7 @@ def make_sampler(name: str, seed: int, startup_trials: int) -> optuna.samplers.B
     raise ValueError(f"sampler: expected one of {', '.join(SAMPLERS)}, got {name!r}")
 
 
-def tpe_sampler(seed: int, startup_trials: int) -> optuna.samplers.TPESampler:
+def tpe_sampler(seed: int, startup_trials: int, **options: Any) -> optuna.samplers.TPESampler:
     """TPE as the sweep runs it. `startup_trials` random trials before TPE models anything:
     Optuna's default of 10 would leave a sweep of a few trials to random search. Multivariate,
     because the searched keys interact (a faster decay tolerates a higher peak LR), which
@@ -57,16 +57,12 @@ def tpe_sampler(seed: int, startup_trials: int) -> optuna.samplers.TPESampler:
     (conditional params) is modelled family by family rather than on the params all trials
     share. Trials a scheduler stopped early are
     PRUNED with their intermediate values: TPE ranks them below every completed trial, and
-    among themselves by how far they got and their last loss."""
+    among themselves by how far they got and their last loss. `options` override these or
+    set others of TPESampler's (bench/family_search.py measures some; the sweep passes none)."""
+    chosen = {"multivariate": True, "group": True, "constant_liar": True} | options
     with warnings.catch_warnings():  # both options are marked experimental, stable since 2.x
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(
-            seed=seed,
-            n_startup_trials=startup_trials,
-            multivariate=True,
-            group=True,
-            constant_liar=True,
-        )
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, **chosen)
 
 
 def trial_state(row_state: State, values: list[float]) -> optuna.trial.TrialState:
