@@ -13,7 +13,12 @@ NAME ?= default
 SPACE ?= search_spaces/default.yaml
 CLI := $(VENV)/bin/schedule-search
 
+# Installed, and the package's own modules compiled: the editable install leaves them as
+# source, and where PYTHONDONTWRITEBYTECODE is set (these machines) every process that imports
+# them (a sweep's driver, each Tune trial, each Ray Train worker) compiled them again.
+# compileall skips what is current, so this costs a second only after an edit.
 install: $(STAMP)
+	$(PY) -m compileall -q schedule_search
 
 # torch through pip, which finds the CPU build on this disk; the rest through uv, which
 # resolves and downloads the same releases in parallel and keeps the torch already installed
