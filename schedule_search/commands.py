@@ -144,7 +144,10 @@ def _run(settings, experiment, storage: Path | None, resume: bool) -> int:
     try:
         sweep(settings, experiment, resume=resume)
     except TrialsFailed as err:
-        print(f"sweep ended: {err}", file=sys.stderr)
+        print(
+            f"sweep ended: {err}{_continues(err, 'resume', experiment.root.name, storage)}",
+            file=sys.stderr,
+        )
         return EXIT_UNFINISHED
     except Interrupted as stop:
         again = _again("resume", experiment.root.name, storage)
@@ -155,6 +158,16 @@ def _run(settings, experiment, storage: Path | None, resume: bool) -> int:
         return stop.exit_code
     _print_table(experiment)
     return 0
+
+
+def _continues(err: Exception, verb: str, name: str, storage: Path | None) -> str:
+    """What to run once Ray can start, for a run that ended before it did (nothing of it was
+    trained, its folder is kept); nothing for a run whose trials failed."""
+    from schedule_search.sweep.ray_env import RayNotStarted
+
+    if not isinstance(err, RayNotStarted):
+        return ""
+    return f"; `{_again(verb, name, storage)}` continues it once Ray can start"
 
 
 def resume(args: argparse.Namespace) -> int:
@@ -251,7 +264,8 @@ def transfer(args: argparse.Namespace) -> int:
                 sweep, launch.settings, launch.horizons, launch.methods, launch.resume, launch.seeds
             )
         except TrialsFailed as err:
-            print(f"transfer ended: {err}", file=sys.stderr)
+            hint = _continues(err, "transfer", args.name, args.storage)
+            print(f"transfer ended: {err}{hint}", file=sys.stderr)
             return EXIT_UNFINISHED
         except Interrupted as stop:
             print(f"transfer stopped by {stop}; `{again}` resumes it", file=sys.stderr)

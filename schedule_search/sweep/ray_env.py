@@ -20,7 +20,9 @@ from typing import Any
 
 import ray
 
+from schedule_search.core.interrupts import Interrupted
 from schedule_search.store.experiment import SweepSettings
+from schedule_search.sweep.failures import TrialsFailed
 from schedule_search.tasks.registry import task_code
 from schedule_search.train.launch import free_port
 
@@ -29,6 +31,7 @@ __all__ = [
     "DRIVER_ENVIRONMENT",
     "DRIVER_ONLY_ENVIRONMENT",
     "TOKEN_FILE",
+    "RayNotStarted",
     "local_token",
     "ray_session",
     "trial_driver_resources",
@@ -188,10 +191,34 @@ def ray_session(settings: SweepSettings, task: dict[str, Any], folder: Path) -> 
         stack.callback(_put_back, {name: os.environ.get(name) for name in names})
         if not settings.address:
             stack.enter_context(local_token(folder))
-        _init_ray(settings, task_code(task))
+        _start_or_say_why(settings, task_code(task))
         stack.callback(ray.shutdown)  # first of all at the end
         os.environ.update(DRIVER_ONLY_ENVIRONMENT)
         yield
+
+
+class RayNotStarted(TrialsFailed):
+    """Ray could not be started (or the cluster joined): no trial can run. `str()` is one
+    line: Ray's own reasons (a socket path past the kernel's 107 bytes under a long
+    RAY_TMPDIR, a raylet that died at start) come as multi-line tracebacks."""
+
+
+def _start_or_say_why(settings: SweepSettings, code: Path | None) -> None:
+    """`_init_ray`, its failure as `RayNotStarted` (whatever Ray left half started shut down):
+    the experiment folder is written by then, and `resume` continues it once Ray can start."""
+    try:
+        _init_ray(settings, code)
+    except Interrupted:
+        raise
+    except Exception as err:
+        ray.shutdown()
+        what = (
+            f"the Ray cluster at {settings.address} could not be joined"
+            if settings.address
+            else "the local Ray could not start"
+        )
+        cause = " ".join(str(err).split()) or "no reason given"
+        raise RayNotStarted(f"{what}: {type(err).__name__}: {cause}") from err
 
 
 def _put_back(saved: dict[str, str | None]) -> None:

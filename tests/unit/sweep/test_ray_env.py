@@ -7,7 +7,12 @@ import os
 import pytest
 
 from schedule_search.store.experiment import SweepSettings
-from schedule_search.sweep.ray_env import AUTH_VARIABLES, DRIVER_ONLY_ENVIRONMENT, ray_session
+from schedule_search.sweep.ray_env import (
+    AUTH_VARIABLES,
+    DRIVER_ONLY_ENVIRONMENT,
+    RayNotStarted,
+    ray_session,
+)
 
 SET_BY_A_SESSION = ["RAY_API_SERVER_ADDRESS", *DRIVER_ONLY_ENVIRONMENT, *AUTH_VARIABLES]
 
@@ -19,7 +24,7 @@ def test_a_session_ray_refuses_to_start_leaves_the_environment_as_it_was(tmp_pat
     before = {name: os.environ.get(name) for name in SET_BY_A_SESSION}
     refused = SweepSettings(name="x", samples=1, workers=1, concurrency=-1)  # ray.init refuses
     with (
-        pytest.raises(ValueError, match="nonnegative"),
+        pytest.raises(RayNotStarted, match=r"local Ray could not start: ValueError: .*nonnegative"),
         ray_session(refused, {"name": "linreg"}, tmp_path),
     ):
         pass  # not reached
