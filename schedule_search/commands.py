@@ -161,13 +161,13 @@ def _run(settings, experiment, storage: Path | None, resume: bool) -> int:
 
 
 def _continues(err: Exception, verb: str, name: str, storage: Path | None) -> str:
-    """What to run once Ray can start, for a run that ended before it did (nothing of it was
-    trained, its folder is kept); nothing for a run whose trials failed."""
+    """What to run once Ray starts (or the cluster is reachable) again, for a run that ended
+    before Ray ran it (its folder is kept); nothing for a run whose trials failed."""
     from schedule_search.sweep.ray_env import RayNotStarted
 
     if not isinstance(err, RayNotStarted):
         return ""
-    return f"; `{_again(verb, name, storage)}` continues it once Ray can start"
+    return f"; `{_again(verb, name, storage)}` continues it"
 
 
 def resume(args: argparse.Namespace) -> int:

@@ -103,7 +103,7 @@ def test_a_local_ray_that_cannot_start_ends_the_sweep_in_one_line_and_resume_run
     assert len(lines) == 1, failed.stderr[-3000:]
     assert lines[0].startswith("sweep ended: the local Ray could not start: OSError: "), lines
     assert "AF_UNIX path length" in lines[0], lines[0]
-    assert lines[0].endswith(f"resume lin --storage {storage}` continues it once Ray can start")
+    assert lines[0].endswith(f"resume lin --storage {storage}` continues it")
     assert {name: os.environ.get(name) for name in variables} == before  # put back
     experiment = Experiment(storage / SPACE["name"])
     assert experiment.settings().samples == 1 and experiment.trial_ids() == []
