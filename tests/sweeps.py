@@ -58,12 +58,16 @@ def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def cli_in_process(capture, *args: str) -> subprocess.CompletedProcess:
-    """`cli(*args)` run in this process by `main`, for a verb that starts no Ray and sets
-    nothing process-wide (status, export, report; a transfer or resume refused before Ray):
-    the same exit code and output, without a new interpreter's seconds of imports. `capture`
-    is the test's capfd (the process's output, what is written below Python included) or
-    capsys; what it held before is dropped. The real process of these verbs is
-    test_store_without_ray's."""
+    """`cli(*args)` run in this process by `main`: the same exit code and output, without a
+    new interpreter's seconds of imports (~4 CPU-s for a sweep's driver, a sixth of a short
+    sweep). For a verb that starts no Ray (status, export, report; a sweep, resume or
+    transfer refused before Ray), or a sweep, resume or transfer run to its end: `main` shuts
+    its local Ray down and puts back the variables it set for that Ray alone; what stays set
+    is what every sweep sets for the processes of its Ray (`ray_env.DRIVER_ENVIRONMENT`,
+    Ray's own), as any later sweep would. Not for a run to be killed or signalled: that takes
+    a process of its own. `capture` is the test's capfd (the process's output, what is
+    written below Python included) or capsys; what it held before is dropped. The verbs' own
+    processes are test_store_without_ray's and the kill tests'."""
     from schedule_search.cli import main
 
     capture.readouterr()
@@ -77,12 +81,12 @@ SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
 
 def sweep_shipped_space(
-    tmp_path: Path, name: str, samples: int, horizon: float = 0.1
+    capture, tmp_path: Path, name: str, samples: int, horizon: float = 0.1
 ) -> tuple[dict, Experiment]:
     """Sweep the shipped space `name` on one worker, shortened to `samples` trials to
     `horizon` (Chinchilla multiples, evaluated at half of it too; FIFO): the machinery, not
-    the search, is under test. Returns the space as shipped and the experiment the sweep
-    wrote."""
+    the search, is under test. Run in this process (`cli_in_process`, `capture` its capfd).
+    Returns the space as shipped and the experiment the sweep wrote."""
     shipped = yaml.safe_load((SPACES / f"{name}.yaml").read_text())
     space = json.loads(json.dumps(shipped))
     space.update(samples=samples, startup_trials=samples // 2, scheduler="fifo")
@@ -91,7 +95,7 @@ def sweep_shipped_space(
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(space))
     storage = tmp_path / "runs"
-    done = cli("sweep", str(path), "--workers", "1", "--storage", str(storage))
+    done = cli_in_process(capture, "sweep", str(path), "--workers", "1", "--storage", str(storage))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return shipped, Experiment(storage / space["name"])
 

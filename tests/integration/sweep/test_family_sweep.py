@@ -21,8 +21,8 @@ OPTIMIZER = {"anytime": "adamw", "schedulefree": "schedulefree_adamw"}
 HORIZON = 0.05
 
 
-def test_a_sweep_of_the_shipped_families(tmp_path, capsys):
-    space, experiment = sweep_shipped_space(tmp_path, "default", samples=4, horizon=HORIZON)
+def test_a_sweep_of_the_shipped_families(tmp_path, capfd):
+    space, experiment = sweep_shipped_space(capfd, tmp_path, "default", samples=4, horizon=HORIZON)
     assert set(space["families"]) == set(OPTIMIZER)
     storage, path = experiment.root.parent, tmp_path / "default.yaml"
     rows = experiment.rows()
@@ -46,7 +46,7 @@ def test_a_sweep_of_the_shipped_families(tmp_path, capsys):
 
     # status and export start no Ray: run in this process (their own process is
     # test_store_without_ray's).
-    status = cli_in_process(capsys, "status", "default", "--storage", str(storage))
+    status = cli_in_process(capfd, "status", "default", "--storage", str(storage))
     assert status.returncode == 0 and "family" in status.stdout
     assert "schedulefree" in status.stdout and "anytime" in status.stdout
     study = optuna.load_study(
@@ -61,7 +61,7 @@ def test_a_sweep_of_the_shipped_families(tmp_path, capsys):
 
     output = tmp_path / "recipe.yaml"
     exported = cli_in_process(
-        capsys, "export", "default", "--storage", str(storage), "-o", str(output)
+        capfd, "export", "default", "--storage", str(storage), "-o", str(output)
     )
     assert exported.returncode == 0, exported.stderr
     recipe = load_recipe(output)

@@ -9,8 +9,8 @@ from schedule_search.recipe import load_recipe
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.cost(45)]
 
 
-def test_a_two_trial_sweep_of_the_shipped_llama_space(tmp_path, capsys):
-    space, experiment = sweep_shipped_space(tmp_path, "hf_llama", samples=2)
+def test_a_two_trial_sweep_of_the_shipped_llama_space(tmp_path, capfd):
+    space, experiment = sweep_shipped_space(capfd, tmp_path, "hf_llama", samples=2)
     assert space["base"]["task"]["name"] == "hf_causal_lm"
     storage = experiment.root.parent
     trials = experiment.trial_ids()
@@ -22,6 +22,6 @@ def test_a_two_trial_sweep_of_the_shipped_llama_space(tmp_path, capsys):
 
     # export starts no Ray: run in this process (its own process is test_store_without_ray's)
     recipe = str(tmp_path / "r.yaml")
-    exported = cli_in_process(capsys, "export", "hf_llama", "--storage", str(storage), "-o", recipe)
+    exported = cli_in_process(capfd, "export", "hf_llama", "--storage", str(storage), "-o", recipe)
     assert exported.returncode == 0, exported.stderr
     assert load_recipe(tmp_path / "r.yaml").spec.n_params > 50_000

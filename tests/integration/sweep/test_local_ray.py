@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from ray.util.state import list_nodes
-from sweeps import SPACE, cli, cli_in_process, write_space
+from sweeps import SPACE, cli_in_process, write_space
 
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.sweep import ray_env
@@ -109,6 +109,6 @@ def test_a_local_ray_that_cannot_start_ends_the_sweep_in_one_line_and_resume_run
     assert experiment.settings().samples == 1 and experiment.trial_ids() == []
 
     monkeypatch.delenv("RAY_TMPDIR")
-    resumed = cli("resume", SPACE["name"], "--storage", str(storage))
+    resumed = cli_in_process(capfd, "resume", SPACE["name"], "--storage", str(storage))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [row.state for row in experiment.rows()] == ["completed"]

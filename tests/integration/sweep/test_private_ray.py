@@ -234,7 +234,7 @@ for k in range(2):
     folder.mkdir()
     with local_token(folder) as path:
         tokens.append(path.read_text())
-        ray.init(address="local", num_cpus=1, logging_level=logging.ERROR)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.ERROR)
         assert ray.get(ray.remote(lambda: os.environ["RAY_AUTH_TOKEN_PATH"]).remote()) == str(path)
         ray.shutdown()
     assert not path.exists()

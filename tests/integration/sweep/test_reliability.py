@@ -26,7 +26,7 @@ from schedule_search.store.experiment import Experiment
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.cost(20)
-def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
+def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path, capfd):
     space = {
         "name": "div",
         "samples": 2,
@@ -42,12 +42,7 @@ def test_a_diverging_trial_ends_as_diverged_and_the_sweep_goes_on(tmp_path):
     }
     path = write_config(tmp_path / "space.yaml", space)
     storage = str(tmp_path / "runs")
-    done = subprocess.run(
-        [*CLI, "sweep", str(path), "--storage", storage, "--workers", "1"],
-        capture_output=True,
-        text=True,
-        timeout=350,
-    )
+    done = cli_in_process(capfd, "sweep", str(path), "--storage", storage, "--workers", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     experiment = Experiment(tmp_path / "runs" / "div")
     rows = {r.params["optimizer.lr"]: r for r in experiment.rows()}
@@ -115,7 +110,7 @@ def test_a_killed_ray_train_worker_restarts_from_the_checkpoint_exactly(tmp_path
 @pytest.mark.timeout(400)
 @pytest.mark.cost(50)
 @pytest.mark.parametrize("workers", [1, 2])
-def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path, workers):
+def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path, capfd, workers):
     """Ray Train workers (2) stage a checkpoint in the trial's folder and Ray uploads it; a
     one-worker trial (trained in its Tune trial's process) writes it under a temporary name in
     its run's folder. A kill in the middle of either loses nothing."""
@@ -125,7 +120,7 @@ def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path, worker
         "seed": 0,
         "base": {
             "task": {"name": "linreg", "dim": 200_000, "batch": 1},  # ~5 MB of state
-            "budget": {"horizon": 0.0002, "eval_at": [0.00005, 0.0001, 0.00015]},
+            "budget": {"horizon": 0.0001, "eval_at": [0.000025, 0.00005, 0.000075]},
         },
         "params": {"optimizer.lr": {"type": "loguniform", "low": 0.001, "high": 0.01}},
         "points_to_evaluate": [{"optimizer.lr": 0.003}],
@@ -152,12 +147,7 @@ def test_sweep_driver_killed_while_a_worker_writes_a_checkpoint(tmp_path, worker
         time.sleep(0.002 if history else 0.05)
     kill_session(driver.pid)
     driver.wait()
-    resumed = subprocess.run(
-        [*CLI, "resume", "c", "--storage", storage],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = cli_in_process(capfd, "resume", "c", "--storage", storage)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = experiment.rows()
     assert [r.state for r in rows] == ["completed"]

@@ -19,13 +19,13 @@ from helpers import write_config
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from processes import kill_session
-from sweeps import CLI, cli, cli_in_process, resting_task, write_space
+from sweeps import CLI, cli_in_process, resting_task, write_space
 from sweeps import SPACE as LINREG_SPACE
 
 from schedule_search.store.experiment import Experiment
 
-EVAL_AT = [5e-5, 1e-4, 1.5e-4]
-HORIZON = 2e-4
+EVAL_AT = [2.5e-5, 5e-5, 7.5e-5]
+HORIZON = 1e-4
 #: A 200,000-dimensional linreg: a checkpoint of its weights, momentum and EMAs is several
 #: MB, so writes are still going on when the volume is filled after the first evaluation.
 SPACE = {
@@ -128,7 +128,7 @@ def ended(sweep: subprocess.Popen, err: Path) -> str:
 @pytest.mark.timeout(400)
 @pytest.mark.cost(50)
 def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finishes(
-    tmp_path, capsys
+    tmp_path, capfd
 ):
     space = write_config(tmp_path / "space.yaml", SPACE)
     with tmpfs(tmp_path / "volume", "64m") as volume:
@@ -152,11 +152,11 @@ def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finis
                 assert len(states) == 2, states
                 # `status` reads the records and shows the table (in this process: it starts
                 # no Ray; its own process is test_store_without_ray's).
-                shown = cli_in_process(capsys, "status", "full", "--storage", str(storage))
+                shown = cli_in_process(capfd, "status", "full", "--storage", str(storage))
         assert shown.returncode == 0, shown.stderr[-3000:]
         assert all(trial_id in shown.stdout for trial_id in states)
         assert "table not written: [Errno 28] No space left on device" in shown.stdout
-        resumed = cli("resume", "full", "--storage", str(storage))
+        resumed = cli_in_process(capfd, "resume", "full", "--storage", str(storage))
         assert resumed.returncode == 0, resumed.stderr[-3000:]
 
         # Every trial, the one whose write failed and the one the sweep stopped, ran to its
@@ -179,7 +179,9 @@ def test_a_volume_that_fills_mid_run_ends_the_sweep_in_one_line_and_resume_finis
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.cost(40)
-def test_a_trial_whose_end_cannot_be_recorded_ends_the_sweep_in_one_line(tmp_path):
+def test_a_trial_whose_end_cannot_be_recorded_ends_the_sweep_in_one_line(
+    tmp_path, monkeypatch, capfd
+):
     """A trial's folder turns read-only mid-run while the rest of the experiment folder stays
     writable (a permission changed, one file's volume remounted): the trial fails and its end
     cannot be recorded. The sweep ends in one line that says so, exit 1, rather than write
@@ -208,9 +210,9 @@ def test_a_trial_whose_end_cannot_be_recorded_ends_the_sweep_in_one_line(tmp_pat
     assert f"trial {trial.name}'s end could not be recorded" in lines[0], lines[0]
     assert "[Errno 30] Read-only file system" in lines[0] and str(trial) in lines[0], lines[0]
     assert not (trial / "result.json").exists()
-    resumed = cli(
-        "resume", "lin", "--storage", str(storage), env=os.environ | {"PYTHONPATH": str(code)}
-    )
+    monkeypatch.setenv("PYTHONPATH", str(code))  # for the trials' processes
+    monkeypatch.syspath_prepend(str(code))  # for the driver's
+    resumed = cli_in_process(capfd, "resume", "lin", "--storage", str(storage))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (row,) = experiment.rows()
     assert row.trial_id == trial.name and row.state == "completed", (row.state, row.reason)

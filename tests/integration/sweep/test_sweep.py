@@ -14,7 +14,6 @@ from sweeps import (
     FRACTIONS,
     SHARES_THE_FINISHED_SWEEP,
     SPACE,
-    cli,
     cli_in_process,
     kill_at,
     start_and_kill,
@@ -241,7 +240,7 @@ def searcher_history(experiment: Experiment) -> int:
 
 
 @pytest.mark.cost(55)
-def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path):
+def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path, capfd):
     """Killed after a trial finished (none running), resumed, killed again in the middle of a
     trial with Tune's snapshots made rare, resumed to the end: every trial kept, none run
     twice, the interrupted trial resumed from its checkpoint. The search is the loss/time
@@ -269,7 +268,7 @@ def test_sigkill_of_the_driver_after_a_trial_then_mid_trial_then_resume(tmp_path
     kept |= {t: r for t, r in before.items() if r["result"]}
     tokens_at_kill = before[interrupted]["metrics"][-2]["tokens"]  # surely checkpointed
 
-    resumed = cli(*resume)
+    resumed = cli_in_process(capfd, *resume)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = trial_records(experiment)
     ended = {t: r for t, r in after.items() if r["result"]}

@@ -83,12 +83,11 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch, capfd):
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     storage = str(tmp_path / "runs")
     cli = [sys.executable, "-m", "schedule_search.cli"]
-
-    def run(*args: str) -> None:
-        done = subprocess.run([*cli, *args, "--storage", storage], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    run("sweep", str(tmp_path / "space.yaml"), "--workers", "1")
+    # Run to their ends, the sweep and the transfer run in this process (`cli_in_process`).
+    swept = cli_in_process(
+        capfd, "sweep", str(tmp_path / "space.yaml"), "--workers", "1", "--storage", storage
+    )
+    assert swept.returncode == 0, swept.stderr[-3000:]
     sweep = Experiment(tmp_path / "runs" / "lt")
 
     # SIGKILL during export, at moments spread over its run: the recipe is never half written.
@@ -128,12 +127,15 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch, capfd):
     # Linear-to-zero grids and schedule-free AdamW go through the same rounds (their plans and
     # the table are tested in test_transfer_plan, their runs in test_train); left out here to
     # keep this short.
-    transfer = [*cli, "transfer", "lt", "--to", "2", "--concurrency", "2", "--storage", storage]
+    transfer = ["transfer", "lt", "--to", "2", "--concurrency", "2", "--storage", storage]
     transfer += ["--methods", "recipe,constant,cosine,wsd", "--seeds", "2"]
     first = Experiment(sweep.root / "transfer" / "round1")
     hold.touch()
     driver = subprocess.Popen(
-        transfer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        [*cli, *transfer],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 300
 
@@ -172,7 +174,7 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch, capfd):
     )
     held = {t for name, t in run_names(first).items() if seed_of(name)[1] == 1}
     assert held & set(never_evaluated), (at_kill, held)  # the moment came from the gate
-    done = subprocess.run(transfer, capture_output=True, text=True)
+    done = cli_in_process(capfd, *transfer)
     assert done.returncode == 0, done.stderr[-3000:]
     for trial_id, result in finished.items():  # finished runs are kept, not redone
         assert first.read_trial_json(trial_id, "result.json") == result
