@@ -32,8 +32,8 @@ pytestmark = [
 
 SPACE = {
     "name": "multinode",
-    # One trial a sweep: a sweep's trials after the first on this cluster start only once the
-    # trial before has freed its workers' CPUs, and so does every later test's sweep here.
+    # One trial a sweep: the node-loss test's sweep, later on this cluster, still starts only
+    # once the trial before it has given its workers' CPUs back.
     "samples": 1,
     "seed": 0,
     "scheduler": "fifo",
