@@ -205,7 +205,8 @@ class RayNotStarted(TrialsFailed):
 
 def _start_or_say_why(settings: SweepSettings, code: Path | None) -> None:
     """`_init_ray`, its failure as `RayNotStarted` (whatever Ray left half started shut down):
-    the experiment folder is written by then, and `resume` continues it once Ray can start."""
+    the experiment folder is written by then, and `resume` (for a transfer, `transfer` run
+    again) continues it once Ray can start."""
     try:
         _init_ray(settings, code)
     except Interrupted:
