@@ -323,8 +323,9 @@ def test_shipped_tinylm_spaces_warm_up_in_the_papers_proportion(name):
 
 def test_the_default_space_searches_schedule_free_where_its_readme_says_to():
     """Schedule-free AdamW's README: an LR 1x-10x the schedule-based one (the anytime family's
-    range here), warmup recommended, beta 0.9 and up to 0.98; both families start from the
-    point their sources advise."""
+    range here), warmup recommended, beta 0.9 (raised only for very long runs, which a sweep
+    scored at 4x does not see: fixed, not searched); both families start from the point their
+    sources advise."""
     space = load_space("search_spaces/default.yaml")
     free, anytime = space.families["schedulefree"], space.families["anytime"]
     lr, anytime_lr = free.params["optimizer.lr"], anytime.params["optimizer.lr"]
@@ -332,9 +333,10 @@ def test_the_default_space_searches_schedule_free_where_its_readme_says_to():
     assert anytime_lr.low <= lr.low and lr.high <= 10 * anytime_lr.high
     warmup = free.params["schedule.warmup"]
     assert warmup.low <= PAPER_WARMUP / 2 and warmup.high >= 2 * PAPER_WARMUP
-    assert free.params["optimizer.betas.0"].values == [0.9, 0.95, 0.98]
+    assert "optimizer.betas.0" not in free.params
     config = trial_config(space, {"family": "schedulefree"})
     assert config.optimizer.name == "schedulefree_adamw" and config.schedule.kind == "constant"
+    assert config.optimizer.betas[0] == 0.9
     points = {p["family"]: p for p in space.points_to_evaluate}
     assert points["schedulefree"]["schedulefree:optimizer.lr"] == pytest.approx(
         math.sqrt(10) * points["anytime"]["anytime:optimizer.lr"], rel=0.01
