@@ -70,8 +70,9 @@ report: install
 # sweep's answer (`bench/sweep_answer.py`, 26 min), the tinylm search
 # (`bench/search.py --task tinylm`, 22 min), the search over families
 # (`bench/family_search.py --grid`, about 2 h, then `--study`; its AdamW half again with the
-# raw losses for the forecast, `bench/raw_grid.py`, 45 min) and its three probes
-# (`bench/seed_noise.py`, 8 min; `bench/sf_warmup.py`, 7 min; `bench/heldout_noise.py`, 4 min),
+# raw losses for the forecast, `bench/raw_grid.py`, 45 min) and its four probes
+# (`bench/seed_noise.py`, 8 min; `bench/sf_warmup.py`, 7 min; `bench/heldout_noise.py`, 4 min;
+# `bench/window_size.py`, 25 min),
 # the soak with random kills
 # (`bench/soak.py`, about 25 min) and the public curves' extract (`bench/public_curves.py CLONE`:
 # it needs a clone of github.com/fabian-sp/lr-scheduling; the check is a unit test).
