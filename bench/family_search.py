@@ -81,7 +81,7 @@ class Setting:
     startup: int = 2
     grace: float | None = 0.5  # successive halving's first rung (None: no pruning)
     seeded_points: bool = True
-    trials: int = 12
+    trials: int = 10
     #: Schedule-free's seeded point at this LR instead of the space's (None: the space's).
     schedulefree_seed_lr: float | None = None
     #: TPESampler options that replace or add to the sweep's (`tpe_sampler`), as pairs.
@@ -102,8 +102,11 @@ README_BETA1 = (0.9, 0.95, 0.98)
 
 
 SETTINGS = {
-    "the default: TPE, 2 start-up (the seeded points), halving from 0.5x, 12 trials": Setting(),
-    "beta 1 searched (0.9, 0.95, 0.98), 4 start-up": Setting(beta1_values=README_BETA1, startup=4),
+    "the default: TPE, 2 start-up (the seeded points), halving from 0.5x, 10 trials": Setting(),
+    "12 trials (87b1094's default)": Setting(trials=12),
+    "beta 1 searched (0.9, 0.95, 0.98), 4 start-up, 12 trials (the default before 4ae6abc)": (
+        Setting(beta1_values=README_BETA1, startup=4, trials=12)
+    ),
     "beta 1 searched, 4 start-up, halving from 1x, 10 trials": Setting(
         beta1_values=README_BETA1, startup=4, grace=1.0, trials=10
     ),
@@ -111,12 +114,11 @@ SETTINGS = {
         beta1_values=README_BETA1, startup=4, trials=14
     ),
     "TPE, 3 start-up": Setting(startup=3),
-    "TPE, 4 start-up (the default before)": Setting(startup=4),
+    "TPE, 4 start-up, 12 trials (4ae6abc's default)": Setting(startup=4, trials=12),
     "TPE, 6 start-up": Setting(startup=6),
     "TPE, no seeded points": Setting(seeded_points=False),
     "halving from 1x": Setting(grace=1.0),
     "halving from 2x": Setting(grace=2.0),
-    "10 trials": Setting(trials=10),
     "14 trials": Setting(trials=14),
     "16 trials": Setting(trials=16),
     "halving by 3, 14 trials": Setting(trials=14, reduction_factor=3),
