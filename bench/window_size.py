@@ -23,13 +23,11 @@ import json
 import math
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from pathlib import Path
 
-from family_search import MICROBATCHES, cpu, train_point
+from family_search import MICROBATCHES, REPO, cpu, train_point
 
 from schedule_search.sweep.space import load_space
 
-REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "bench" / "results" / "family-search" / "window.jsonl"
 SCHEDULEFREE_SEEDED = {
     "family": "schedulefree",
@@ -37,8 +35,12 @@ SCHEDULEFREE_SEEDED = {
     "schedulefree:schedule.warmup": 0.4,
     "schedulefree:optimizer.betas.0": 0.9,
 }
-SCHEDULEFREE_BEST = {**SCHEDULEFREE_SEEDED, "schedulefree:optimizer.lr": 0.038}
-SCHEDULEFREE_BEST["schedulefree:schedule.warmup"] = 0.8
+#: The family grid's best point (and the grid's own best warmup, the range's top).
+SCHEDULEFREE_BEST = {
+    **SCHEDULEFREE_SEEDED,
+    "schedulefree:optimizer.lr": 0.038,
+    "schedulefree:schedule.warmup": 0.8,
+}
 ANYTIME_BEST = {
     "family": "anytime",
     "anytime:optimizer.lr": 0.012,
