@@ -72,16 +72,26 @@ def _multiples(text: str) -> list[float]:
     return values
 
 
+def _subset(text: str, allowed: Sequence[str]) -> list[str]:
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [m for m in chosen if m not in allowed]
+    if not chosen or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {','.join(allowed)}, got {text!r}"
+        )
+    return chosen
+
+
 def _methods(text: str) -> list[str]:
     from schedule_search.transfer.plan import METHODS
 
-    chosen = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [m for m in chosen if m not in METHODS]
-    if not chosen or unknown:
-        raise argparse.ArgumentTypeError(
-            f"expected a comma-separated subset of {','.join(METHODS)}, got {text!r}"
-        )
-    return chosen
+    return _subset(text, METHODS)
+
+
+def _forecast_methods(text: str) -> list[str]:
+    from schedule_search.forecast.predict import METHODS
+
+    return _subset(text, METHODS)
 
 
 def _name(text: str) -> str:
@@ -200,6 +210,13 @@ def _add_forecast(verbs) -> None:
     )
     forecast.add_argument("name", type=_name, help="the sweep whose curves to fit")
     _add_horizons(forecast, "")
+    forecast.add_argument(
+        "--methods",
+        type=_forecast_methods,
+        default=None,
+        help="a comma-separated subset of recipe,constant,cosine,linear (default: all; "
+        "`recipe` alone needs no law where its trial evaluated 4 times past its warmup)",
+    )
     _add_storage(forecast)
     forecast.set_defaults(handler=commands.forecast)
 

@@ -327,7 +327,7 @@ def forecast(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from schedule_search.forecast import forecast_sweep, write_forecast
-    from schedule_search.forecast.predict import INTERVALS
+    from schedule_search.forecast.predict import INTERVALS, METHODS
     from schedule_search.recipe.export import exported_trial
     from schedule_search.store.experiment import Experiment
 
@@ -336,7 +336,7 @@ def forecast(args: argparse.Namespace) -> int:
     horizon = _horizon(experiment)
     recipe_trial, _ = exported_trial(experiment)
     horizons = [horizon, *(h for h in (args.to or [8.0, 16.0, 32.0]) if h > horizon)]
-    predicted = forecast_sweep(experiment, recipe_trial, horizons)
+    predicted = forecast_sweep(experiment, recipe_trial, horizons, args.methods or METHODS)
     table = Table(title=f"{experiment.root.name}: forecast [interval]")
     table.add_column("row")
     for h in horizons:

@@ -31,6 +31,7 @@ from schedule_search.store.records import read_records
 __all__ = [
     "ENVELOPES",
     "INTERVALS",
+    "METHODS",
     "RECIPE",
     "Forecast",
     "LawFit",
@@ -54,6 +55,8 @@ RAW, OBJECTIVE = "raw", "objective"
 LAW, OWN_CURVE = "law", "own curve"
 #: The recipe's row.
 RECIPE = "recipe (best EMA)"
+#: The rows a forecast can be asked for (`forecast --methods`), by the transfer's names.
+METHODS = ("recipe", "constant", "cosine", "linear")
 #: Each basis's interval, as `forecast.json` states it.
 INTERVALS = {
     LAW: "10th-90th percentile of the law refitted on trials drawn with replacement",
@@ -195,10 +198,10 @@ ENVELOPES: dict[str, dict[str, Any]] = {
 
 
 def envelope_cells(
-    fit: LawFit, run: Run, horizons: Sequence[float]
+    fit: LawFit, run: Run, horizons: Sequence[float], kinds: Sequence[str] = ("cosine", "linear")
 ) -> dict[str, dict[float, Cell]]:
-    """Each envelope at each horizon, by the raw weights' law `fit`: `run`'s warmup and
-    micro-batches with the envelope's schedule ending at the horizon, at the best of
+    """Each envelope of `kinds` at each horizon, by the raw weights' law `fit`: `run`'s warmup
+    and micro-batches with the envelope's schedule ending at the horizon, at the best of
     `LR_GRID` LRs spanning the fitted curves' LRs widened 4x each way."""
     low, high = min(c.run.lr for c in fit.curves), max(c.run.lr for c in fit.curves)
     lrs = np.geomspace(low / 4, high * 4, LR_GRID)
@@ -211,39 +214,56 @@ def envelope_cells(
         return replace(found, caution=caution)
 
     return {
-        label: {h: cell(h, schedule) for h in horizons} for label, schedule in ENVELOPES.items()
+        label: {h: cell(h, schedule) for h in horizons}
+        for label, schedule in ENVELOPES.items()
+        if schedule["kind"] in kinds
     }
 
 
 def forecast_sweep(
-    experiment: Experiment, recipe_trial: str, horizons: Sequence[float]
+    experiment: Experiment,
+    recipe_trial: str,
+    horizons: Sequence[float],
+    methods: Sequence[str] = METHODS,
 ) -> Forecast:
-    """The recipe continued, constant + EMA at its LR, and the cosine (to 10%) and
-    linear-to-zero envelopes at each horizon's best LR, as the transfer trains them."""
+    """The rows of `methods` (`METHODS`): the recipe continued, constant + EMA at its LR, and
+    the cosine (to 10%) and linear-to-zero envelopes at each horizon's best LR, as the
+    transfer trains them. Only the laws those rows need are fitted."""
     config = read_records(experiment.trial_dir(recipe_trial)).config["config"]
     recipe, optimizer = _run_of(config)
     curves = sweep_curves(experiment)
     own = _own_curve_cells(experiment, recipe_trial, recipe, horizons)
+    envelopes = [kind for kind in ("cosine", "linear") if kind in methods]
     # AdamW's laws for constant + EMA (objective) and the envelopes (raw weights); the
     # recipe's own optimizer's by its objective where its own curve is too short.
-    needed = {("adamw", OBJECTIVE), ("adamw", RAW)}
-    if own is None:
+    needed = {("adamw", OBJECTIVE)} if "constant" in methods else set()
+    if envelopes:
+        needed.add(("adamw", RAW))
+    if "recipe" in methods and own is None:
         needed.add((optimizer, OBJECTIVE))
-    laws = {
-        f"{name}/{measure}": fit_group(
-            curves.get((name, measure), []), f"{experiment.root}: {name} ({measure})"
+    laws = {}
+    for name, measure in sorted(needed):
+        what = f"{experiment.root}: {name} ({measure})"
+        try:
+            laws[f"{name}/{measure}"] = fit_group(curves.get((name, measure), []), what)
+        except ConfigError as error:
+            if own is None:
+                raise
+            raise ConfigError(
+                f"{error}; `--methods recipe` forecasts the recipe alone, by its own curve"
+            ) from None
+    rows: dict[str, dict[float, Cell]] = {}
+    if "recipe" in methods:
+        rows[RECIPE] = own or law_cells(laws[f"{optimizer}/{OBJECTIVE}"], recipe, horizons)
+    if "constant" in methods:
+        # Constant + EMA trains with AdamW at the LR the transfer gives it: a schedule-free
+        # recipe's over sqrt(10) (`TransferStudy.adamw_lr`), the recipe's own otherwise.
+        schedule_free = optimizer == "schedulefree_adamw"
+        adamw_lr = recipe.lr / SCHEDULE_FREE_LR if schedule_free else recipe.lr
+        constant = with_schedule(replace(recipe, lr=adamw_lr), kind="constant")
+        rows["constant + EMA (best EMA)"] = law_cells(
+            laws[f"adamw/{OBJECTIVE}"], constant, horizons
         )
-        for name, measure in sorted(needed)
-    }
-    # Constant + EMA trains with AdamW at the LR the transfer gives it: a schedule-free
-    # recipe's over sqrt(10) (`TransferStudy.adamw_lr`), the recipe's own otherwise.
-    adamw_lr = recipe.lr / SCHEDULE_FREE_LR if optimizer == "schedulefree_adamw" else recipe.lr
-    constant = with_schedule(replace(recipe, lr=adamw_lr), kind="constant")
-    if own is None:
-        own = law_cells(laws[f"{optimizer}/{OBJECTIVE}"], recipe, horizons)
-    rows = {
-        RECIPE: own,
-        "constant + EMA (best EMA)": law_cells(laws[f"adamw/{OBJECTIVE}"], constant, horizons),
-        **envelope_cells(laws[f"adamw/{RAW}"], recipe, horizons),
-    }
+    if envelopes:
+        rows.update(envelope_cells(laws[f"adamw/{RAW}"], recipe, horizons, envelopes))
     return Forecast(list(horizons), recipe_trial, laws, rows)

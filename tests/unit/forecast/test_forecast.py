@@ -242,3 +242,39 @@ def test_too_few_curves_are_refused_in_one_line(tmp_path, capsys):
     assert len(error) == 1
     assert "8 evaluation(s) of 2 trial(s); the law needs 16 of at least 3 trials" in error[0]
     assert not (experiment.root / "forecast").exists()  # nothing written
+
+
+def test_the_recipe_alone_is_forecast_where_the_laws_lack_curves(tmp_path, capsys):
+    """A sweep whose AdamW trials are too few for a law (a default `make sweep`: ASHA stops
+    most of them early) still holds the recipe's own curve: the refusal says how to ask for
+    that row alone, and `--methods recipe` forecasts it without fitting any law."""
+    runs = sweep_like_runs()[:2]
+    experiment = write_sweep(tmp_path / "runs" / "few", runs, EVAL_AT)
+    storage = ["--storage", str(tmp_path / "runs")]
+    assert main(["forecast", "few", *storage]) == 2
+    assert "`--methods recipe` forecasts the recipe alone" in capsys.readouterr().err
+    assert main(["forecast", "few", *storage, "--methods", "recipe", "--to", "8"]) == 0
+    document = strict_loads((experiment.root / "forecast" / "forecast.json").read_text())
+    assert list(document["rows"]) == ["recipe (best EMA)"] and document["laws"] == {}
+    cell = document["rows"]["recipe (best EMA)"]["8"]
+    assert cell["basis"] == "own curve" and cell["low"] <= cell["loss"] <= cell["high"]
+    # The objective curve is the law's minus 0.01 at every evaluation: nearly a power law,
+    # continued to about where the law goes.
+    best = min(runs, key=lambda run: TRUTH.predict(run, [4.0])[0])
+    assert cell["loss"] == pytest.approx(TRUTH.predict(best, [8.0])[0] - 0.01, abs=0.02)
+    # With three evaluations the recipe has no own curve: no hint, the law's refusal alone.
+    short = write_sweep(tmp_path / "runs" / "short", runs, [1.0, 2.0, 4.0])
+    assert main(["forecast", "short", *storage, "--methods", "recipe"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "--methods recipe" not in error[0], error
+    assert "the law needs 16 of at least 3 trials" in error[0]
+    assert not (short.root / "forecast").exists()
+
+
+def test_forecast_methods_outside_the_rows_are_refused_in_one_line(tmp_path, capsys):
+    experiment = write_sweep(tmp_path / "runs" / "m", sweep_like_runs()[:2], EVAL_AT)
+    code = main(["forecast", "m", "--storage", str(tmp_path / "runs"), "--methods", "wsd"])
+    assert code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "recipe,constant,cosine,linear" in error[0], error
+    assert not (experiment.root / "forecast").exists()
