@@ -55,6 +55,8 @@ from schedule_search.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "bench" / "results" / "family-search" / "grid.jsonl"
+#: ASHA's rungs and the horizon, where a search is judged (the default space evaluates at 3x
+#: too, which is not a rung and changes no run).
 MILESTONES = (0.5, 1.0, 2.0, 4.0)
 HORIZON = 4.0
 MICROBATCHES = 2
@@ -168,7 +170,7 @@ def point_history(space: SearchSpace, point: dict) -> list[dict]:
     milestones, one thread): its evaluations (`Evaluation.to_metrics()` each)."""
     torch.set_num_threads(1)
     config = trial_config(space, point, "grid")
-    assert config.budget.horizon == HORIZON and (*config.budget.eval_at, HORIZON) == MILESTONES
+    assert config.budget.horizon == HORIZON and set(MILESTONES) <= set(config.budget.milestones())
     with tempfile.TemporaryDirectory() as folder:
         return train(config, _PruningSession(Path(folder), None), "grid").history
 

@@ -26,7 +26,7 @@ from scipy.optimize import least_squares
 __all__ = ["MIN_OWN_POINTS", "PowerCurve", "continue_curve", "fit_power_curve", "past_warmup"]
 
 #: Evaluations past the warmup a curve needs: three parameters and one evaluation to spare
-#: (a sweep trial evaluated at 0.5x, 1x and 2x and ended at 4x has four).
+#: (a default sweep's trial that reached 4x has at least four, 1x to 4x, past a warmup under 1x).
 MIN_OWN_POINTS = 4
 
 

@@ -59,5 +59,8 @@ def test_ashas_first_rung_is_the_spaces_else_1x():
 
     default = load_space(SPACES / "default.yaml")
     assert default.first_rung == 0.5 and rungs(default) == [0.5, 1.0, 2.0, 4.0]
+    # The default also evaluates at 3x, for the forecast: not a rung, so ASHA stops no trial
+    # there (and an evaluation changes no run: test_train's more-often test).
+    assert trial_config(default, {}).budget.milestones() == [0.5, 1.0, 2.0, 3.0, 4.0]
     linreg = load_space(SPACES / "linreg.yaml")
     assert linreg.first_rung is None and min(rungs(linreg)) == 1.0

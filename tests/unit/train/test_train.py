@@ -154,6 +154,36 @@ def test_schedule_free_is_evaluated_at_its_averaged_weights_and_trains_on(tmp_pa
         assert torch.equal(p, saved)
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "schedulefree_adamw"])
+def test_evaluating_more_often_leaves_the_run_unchanged(tmp_path, optimizer):
+    """An evaluation is read-only: the held-out sample has generators of its own, and the EMA
+    members and schedule-free's averaged weights are swapped in and out bit for bit. So a space
+    may evaluate between ASHA's rungs (the default's 3x) without moving what the rungs see: the
+    same run evaluated at 0.5x alone and at 0.25x, 0.5x and 0.75x ends in the same state and
+    scores the same at the milestones both have."""
+    from schedule_search.core import checkpoint as ckpt
+
+    sections = {
+        "optimizer": {"name": optimizer, "lr": 0.05},
+        "schedule": {"kind": "constant", "warmup": 0.1},
+        "ema": {"fractions": [0.0, 0.04, 0.16], "objective": "best"},
+    }
+    sparse = run_local(config(**sections), tmp_path / "sparse")
+    dense_config = config(**sections, budget={"horizon": 1.0, "eval_at": [0.25, 0.5, 0.75]})
+    dense = run_local(dense_config, tmp_path / "dense")
+    assert [row["chinchilla"] for row in dense.history] == [0.25, 0.5, 0.75, 1.0]
+    shared = {row["chinchilla"]: row for row in dense.history}
+    for row in sparse.history:
+        assert shared[row["chinchilla"]]["val_loss"] == row["val_loss"]
+        assert shared[row["chinchilla"]]["val_loss_raw"] == row["val_loss_raw"]
+    ends = [ckpt.load_latest(tmp_path / run / "checkpoints")[1] for run in ("sparse", "dense")]
+    for name, tensor in ends[0]["model"].items():
+        assert torch.equal(tensor, ends[1]["model"][name]), name
+    for fraction, averages in ends[0]["ema"]["averages"].items():
+        others = ends[1]["ema"]["averages"][fraction]
+        assert all(torch.equal(a, b) for a, b in zip(averages, others, strict=True)), fraction
+
+
 def test_a_schedule_free_run_reports_its_averaged_weights_loss(tmp_path):
     cfg = config(
         optimizer={"name": "schedulefree_adamw", "lr": 0.05},
