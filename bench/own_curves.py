@@ -5,9 +5,10 @@ whether that is the trial the sweep picked at 4x.
 The own curve (`schedule_search.forecast.own_curve`: L = E + A t^-alpha on the objective's
 evaluations after the warmup) forecast the committed study's schedule-free recipe within
 0.0021 nats at 8x-32x (BENCHMARKS.md, "Forecast"). `forecast` uses it for the recipe only
-where the trial evaluated 4 times past its warmup; a trial warmed up past 0.5x has 3 (1x, 2x,
-4x), through which the curve passes exactly: such forecasts are listed with no interval and
-marked, to be checked against what the transfer then measures.
+where the trial evaluated 4 times past its warmup. A sweep without the default's 3x evaluation
+(before f1626b3) leaves a trial warmed up past 0.5x three (1x, 2x, 4x), through which the curve
+passes exactly: such forecasts are listed with no interval and marked, to be checked against
+what the transfer then measures.
 
 The sweep's records are not in git (runs/): the output holds each trial's config and
 evaluations, so the table can be read and checked without them.
@@ -39,9 +40,8 @@ HORIZONS = (8.0, 16.0, 32.0)
 FEWEST = 3
 
 
-def trial_rows(experiment: Experiment) -> list[dict]:
-    """Each trial that reached the sweep's horizon: its config, evaluations and forecasts."""
-    horizon = read_facts(experiment.root).horizon
+def trial_rows(experiment: Experiment, horizon: float) -> list[dict]:
+    """Each trial that reached `horizon` (the sweep's): its config, evaluations and forecasts."""
     rows = []
     for trial_id in experiment.trial_ids():
         records = read_records(experiment.trial_dir(trial_id))
@@ -77,13 +77,15 @@ def _forecast(points: dict[float, float], horizon: float) -> dict:
 def main() -> None:
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "runs" / "default"
     experiment = Experiment(folder)
-    rows = sorted(trial_rows(experiment), key=lambda r: r["objective"]["4"])
+    horizon = read_facts(folder).horizon
+    at = f"{horizon:g}"
+    rows = sorted(trial_rows(experiment, horizon), key=lambda r: r["objective"][at])
     if not rows:
-        raise SystemExit(f"{folder}: no trial reached 4x with {FEWEST} evaluations past warmup")
+        raise SystemExit(f"{folder}: no trial reached {at}x with {FEWEST} evaluations past warmup")
     commit = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    print(f"{'trial':10s} {'optimizer':20s} {'lr':>8s} {'warmup':>6s}   4x measured", end="")
+    print(f"{'trial':10s} {'optimizer':20s} {'lr':>8s} {'warmup':>6s}   {at}x measured", end="")
     print("".join(f"   {h:g}x forecast [interval]" for h in HORIZONS))
     for row in rows:
         cells = []
@@ -92,11 +94,11 @@ def main() -> None:
             shown = "exact" if cell["low"] is None else f"{cell['low']:.4f}, {cell['high']:.4f}"
             cells.append(f"   {cell['loss']:.4f} [{shown}]")
         head = f"{row['trial']:10s} {row['optimizer']:20s} {row['lr']:8.2e} "
-        print(head + f"{row['schedule']['warmup']:6.2f}   {row['objective']['4']:.4f}", end="")
+        print(head + f"{row['schedule']['warmup']:6.2f}   {row['objective'][at]:.4f}", end="")
         print("".join(cells))
     for h in HORIZONS:
         best = min(rows, key=lambda r, k=f"{h:g}": r["forecast"][k]["loss"])
-        print(f"best at {h:g}x by its own curve: {best['trial']} (at 4x: {rows[0]['trial']})")
+        print(f"best at {h:g}x by its own curve: {best['trial']} (at {at}x: {rows[0]['trial']})")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(strict_json({"sweep": folder.name, "commit": commit, "trials": rows}) + "\n")
     print(f"written: {OUT.relative_to(REPO)}")
