@@ -76,8 +76,12 @@ class LiveView:
 
     def started(self, trial_id: str, params: dict[str, Any], resumed_from: float) -> None:
         start, end = self.span(params)
-        if trial_id in self.trials:  # restarted after a failure
-            self.trials[trial_id].state = State.RUNNING
+        if trial_id in self.trials:  # restarted after a failure, or by a resumed driver
+            trial = self.trials[trial_id]
+            trial.state = State.RUNNING
+            # It goes on from its last checkpoint, which may lie before what was seen of it.
+            trial.reached = max(trial.origin, resumed_from)
+            self._print(f"trial {trial_id} resumed from {trial.reached:g}x")
             return
         self.trials[trial_id] = _Trial(origin=start, end=end, reached=max(start, resumed_from))
         self._print(f"trial {trial_id} started ({_short(params)})")

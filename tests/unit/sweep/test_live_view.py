@@ -86,3 +86,19 @@ def test_a_restored_recorder_takes_back_the_view_of_the_trials_seen():
     restored.set_state(cloudpickle.loads(cloudpickle.dumps(saved)))
     line = restored.live_view.status_line()
     assert "1 completed" in line and "1 waiting" in line and "best 1.0000" in line, line
+
+
+def test_a_trial_resumed_by_a_new_driver_says_so_and_counts_from_its_checkpoint(capsys):
+    """A resumed transfer's runs report nothing until their next evaluation (the longest, an
+    hour apart): the view says at once which run goes on, and from where."""
+    from ray import cloudpickle
+
+    view = LiveView(1, 32.0, lambda p: (0.0, 32.0))
+    view.started("a", {}, 0.0)
+    view.result("a", {}, {"chinchilla": 16.0, "val_loss": 1.0})
+    restored = cloudpickle.loads(cloudpickle.dumps(view))
+    capsys.readouterr()
+    restored.started("a", {}, resumed_from=8.0)  # its newest checkpoint: 8x
+    out = capsys.readouterr().out
+    assert "trial a resumed from 8x" in out and "1 running" in out, out
+    assert restored.remaining_units() == pytest.approx(24.0)
