@@ -307,6 +307,7 @@ def _print_transfer(root: Path, again: str) -> None:
 
 def export(args: argparse.Namespace) -> int:
     from schedule_search.core.averaging import fraction_label
+    from schedule_search.core.files import require_placeable
     from schedule_search.recipe.export import export_best
     from schedule_search.store.experiment import Experiment
     from schedule_search.store.facts import read_facts
@@ -314,6 +315,7 @@ def export(args: argparse.Namespace) -> int:
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
     output = args.output or experiment.root / "recipe.yaml"
+    require_placeable(output, "--output")
     best, _ = export_best(experiment, output, read_facts(experiment.root), args.max_slowdown)
     print(
         f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x "
@@ -330,10 +332,13 @@ def forecast(args: argparse.Namespace) -> int:
     from schedule_search.forecast.predict import INTERVALS, METHODS
     from schedule_search.recipe.export import exported_trial
     from schedule_search.store.experiment import Experiment
+    from schedule_search.store.facts import read_facts
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
-    horizon = _horizon(experiment)
+    facts = read_facts(experiment.root)
+    facts.check_beyond(args.to or [])
+    horizon = facts.horizon
     recipe_trial, _ = exported_trial(experiment)
     horizons = [horizon, *(h for h in (args.to or [8.0, 16.0, 32.0]) if h > horizon)]
     predicted = forecast_sweep(experiment, recipe_trial, horizons, args.methods or METHODS)
@@ -378,6 +383,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
+    from schedule_search.core.files import require_placeable
     from schedule_search.tasks.registry import build_task
     from schedule_search.train.config import check_workers, load_train_config
     from schedule_search.train.evaluation import Evaluation
@@ -387,6 +393,7 @@ def train(args: argparse.Namespace) -> int:
     check_workers(config.sharding, int(os.environ.get("WORLD_SIZE", args.workers)), args.config)
     build_task(config.task, config.seed, str(args.config))  # bad task options fail here, early
     run_dir = args.run_dir or Path("runs") / f"train-{args.config.stem}"
+    require_placeable(run_dir, "--run-dir", folder=True)
     result = run_local(config, run_dir, args.workers, str(args.config))
     for point in map(Evaluation.from_metrics, result.history):
         print(f"{point.chinchilla:>6g}x  tokens {point.tokens:>12,}  val_loss {point.val_loss:.4f}")

@@ -11,8 +11,11 @@ import torch
 import yaml
 
 from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, write_recipe
+from schedule_search.store.experiment import Experiment, SweepSettings
+from schedule_search.store.facts import SweepFacts, write_facts
 from schedule_search.train import launch
 from schedule_search.train.config import TrainConfig
+from schedule_search.train.evaluation import Evaluation
 
 #: The repository (README.md, search_spaces/, schedule_search/) and the tests' data files.
 REPO = Path(__file__).resolve().parents[1]
@@ -73,3 +76,34 @@ def strict_loads(text: str) -> Any:
         raise ValueError(f"not JSON: {constant}")
 
     return json.loads(text, parse_constant=refuse)
+
+
+def one_trial_sweep(root, warmup: float) -> Experiment:
+    """A sweep to 1x of one completed linreg trial whose LR warms up over `warmup`x."""
+    sweep = Experiment(root)
+    root.mkdir(parents=True)
+    sweep.save_settings(SweepSettings(name=root.name, samples=1, workers=1, concurrency=1))
+    write_facts(root, SweepFacts(1.0, [0.5, 1.0], 20.0, 64, 16.0))
+    config = {
+        "task": {"name": "linreg", "dim": 64, "batch": 16},
+        "optimizer": {"name": "sgd", "lr": 0.1},
+        "schedule": {"kind": "poly", "warmup": warmup, "alpha": 4.0},
+        "budget": {"horizon": 1.0, "eval_at": [0.5]},
+    }
+    sweep.write_trial_json("t0", "config.json", {"params": {}, "config": config})
+    history = [
+        Evaluation(
+            tokens=int(t * 1280),
+            chinchilla=t,
+            val_loss=v,
+            milestone=m,
+            ema_fraction=0.0,
+            losses={0.0: v},
+        )
+        for m, (t, v) in enumerate([(0.5, 2.0), (1.0, 1.5)], start=1)
+    ]
+    sweep.write_trial_json("t0", "metrics.json", [e.to_metrics() for e in history])
+    sweep.write_trial_json(
+        "t0", "result.json", {"state": "completed", "reason": "", "val_loss": 1.5}
+    )
+    return sweep

@@ -9,6 +9,7 @@ we only shape its error into `file: key.path: what was expected`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,8 +33,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Attach to every config dataclass: unknown keys are errors, not silently ignored.
-STRICT = ConfigDict(extra="forbid")
+#: Attach to every config dataclass: unknown keys are errors, not silently ignored, and a
+#: number must be finite (an infinite horizon or LR passed every bound, then failed mid-run).
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 #: The constrained numbers every config section uses.
 Positive = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -57,7 +59,15 @@ def parse(cls: type[T], data: Any, source: str, prefix: str = "") -> T:
         where = f"{source}: {prefix}" if prefix else source
         raise ConfigError(f"{where}: expected a mapping of keys, got {type(data).__name__}")
     try:
-        return TypeAdapter(cls).validate_python(dict(data))
+        text = json.dumps(dict(data), default=str)
+    except (TypeError, ValueError) as err:  # a key YAML allows and JSON does not: a list
+        where = f"{source}: {prefix}" if prefix else source
+        raise ConfigError(f"{where}: expected plain keys and values ({err})") from None
+    try:
+        # As JSON, strictly: a YAML file's types are JSON's, and pydantic's lax Python mode
+        # reads `lr: true` as 1.0 and `microbatches: "2"` as 2. Strict JSON still takes an
+        # integer for a float and a list for a tuple, as a YAML file writes them.
+        return TypeAdapter(cls).validate_json(text, strict=True)
     except ValidationError as err:
         raise ConfigError(_one_line(err, source, prefix)) from None
 

@@ -16,12 +16,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from schedule_search.core.config import ConfigError
+
 __all__ = [
     "append_jsonl",
     "as_if_created",
     "atomic_write_bytes",
     "atomic_write_text",
     "read_jsonl",
+    "require_placeable",
     "strict_json",
 ]
 
@@ -53,6 +56,21 @@ def naming(path: str | Path) -> Iterator[None]:
         if err.filename is None:
             err.filename = str(path)
         raise
+
+
+def require_placeable(path: Path, what: str, folder: bool = False) -> None:
+    """Refuse, before any work, a path a file (or with `folder`, a folder) cannot be made at:
+    one that exists as the other kind, or lies under a file. Found only at the write, it
+    was a traceback after the work (a `train --run-dir` naming a file: after its first
+    checkpoint)."""
+    if path.exists() and path.is_dir() != folder:
+        kind = "a folder" if path.is_dir() else "a file"
+        raise ConfigError(f"{what}: {path} is {kind}; expected a {'folder' if folder else 'file'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{what}: {path} lies under {parent}, a file")
+            return
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

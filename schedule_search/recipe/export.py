@@ -22,7 +22,14 @@ def exported_trial(experiment: Experiment) -> tuple[str, float]:
     exported = experiment.root / "recipe.yaml"
     if exported.is_file():
         spec = load_recipe(exported).spec
-        return spec.source["trial_id"], float(spec.ema.objective)
+        trial_id = spec.source.get("trial_id")
+        if trial_id not in experiment.trial_ids():  # written by hand, or for another sweep
+            raise ConfigError(
+                f"{exported}: source.trial_id: expected a trial of {experiment.root} "
+                f"(one of {', '.join(experiment.trial_ids()) or 'none'}), got {trial_id!r}; "
+                "`schedule-search export` writes it again"
+            )
+        return trial_id, float(spec.ema.objective)
     horizon = read_facts(experiment.root).horizon
     best = experiment.best(horizon)
     if best is None:

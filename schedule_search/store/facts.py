@@ -38,6 +38,16 @@ class SweepFacts:
     n_params: Annotated[int, Field(ge=0)]
     tokens_per_reference_step: Annotated[float, Field(ge=0)]
 
+    def check_beyond(self, horizons: list[float]) -> None:
+        """`--to` names horizons past this sweep's; one short of it would be planned (a
+        transfer to 2x of a 4x sweep) or dropped (a forecast) without a word."""
+        for horizon in horizons:
+            if horizon < self.horizon:
+                raise ConfigError(
+                    f"--to: expected horizons at or beyond the sweep's {self.horizon:g}x, "
+                    f"got {horizon:g}"
+                )
+
 
 def write_facts(root: Path, facts: SweepFacts) -> None:
     atomic_write_text(root / FACTS_FILE, json.dumps(asdict(facts), indent=1))

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,8 +34,6 @@ class Param:
             raise ValueError(f"values: only a choice takes values, not {self.type}")
         if self.low is None or self.high is None:
             raise ValueError(f"low: {self.type} needs both low and high")
-        if not (math.isfinite(self.low) and math.isfinite(self.high)):
-            raise ValueError(f"low: bounds must be finite numbers, got {self.low}..{self.high}")
         if not self.low < self.high:
             raise ValueError(f"high: must exceed low ({self.low}), got {self.high}")
         if (self.type == "loguniform" or self.log) and self.low <= 0:

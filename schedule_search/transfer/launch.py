@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from schedule_search.core.config import ConfigError
 from schedule_search.store.experiment import Experiment, SweepSettings
+from schedule_search.store.facts import read_facts
 from schedule_search.train.config import check_workers
 from schedule_search.transfer.plan import METHODS
 from schedule_search.transfer.run import SHARED_HELD_OUT, build_study, transfer_base
@@ -51,6 +52,7 @@ def plan_launch(
         settings = dataclasses.replace(settings, concurrency=concurrency)
     base, _ = transfer_base(sweep, settings.workers)
     check_workers(base.sharding, settings.workers, f"{sweep.root} (the recipe's trial)")
+    read_facts(sweep.root).check_beyond(to or [])
     targets = to or before.get("to") or DEFAULT_MULTIPLES
     horizons = sorted({base.budget.horizon, *targets})
     methods = methods or before.get("methods") or list(METHODS)

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import write_config
+from helpers import one_trial_sweep, write_config
 
 from schedule_search.cli import main
 
@@ -29,6 +29,13 @@ BAD_TRAIN_CONFIGS = [
     ({"sharding": "fsdp", "window": {"compression": "int8"}}, "window.compression"),
     ({"sharding": "fsdp"}, "sharding: fsdp shards across a run's workers and this one has 1"),
     ([1, 2, 3], "expected a mapping"),
+    # Not numbers, though Python would read them as such: an infinite horizon passed every
+    # bound and failed mid-run; `true` read as an LR of 1.0 and "2" as 2 micro-batches.
+    ({"budget": {"horizon": float("inf")}}, "budget.horizon: Input should be a finite number"),
+    ({"optimizer": {"lr": float("nan")}}, "optimizer.lr: Input should be a finite number"),
+    ({"optimizer": {"lr": True}}, "optimizer.lr: Input should be a valid number"),
+    ({"window": {"microbatches": "2"}}, "window.microbatches: Input should be a valid integer"),
+    ({"window": {"overlap": "yes"}}, "window.overlap: Input should be a valid boolean"),
 ]
 
 
@@ -110,3 +117,23 @@ def test_importing_the_package_sets_no_ray_environment():
         [sys.executable, "-c", script], capture_output=True, text=True, env=clean, check=True
     )
     assert shown.stdout.strip() == "[]"
+
+
+def test_a_path_no_file_can_be_written_at_is_refused_before_any_work(tmp_path, capsys):
+    """`export -o` naming a folder, or `train --run-dir` naming a file, were tracebacks at the
+    write: after the export's reading, after the run's first checkpoint."""
+    one_trial_sweep(tmp_path / "runs" / "w", warmup=0.1)
+    storage = str(tmp_path / "runs")
+    occupied = tmp_path / "occupied"
+    occupied.write_text("a user's file\n")
+    config = write_config(tmp_path / "c.yaml", {"task": {"name": "linreg", "dim": 8}})
+    for argv, message in [
+        (["export", "w", "--storage", storage, "-o", str(tmp_path)], "a folder; expected a file"),
+        (["export", "w", "--storage", storage, "-o", str(occupied / "r.yaml")], "a file"),
+        (["train", str(config), "--run-dir", str(occupied)], "is a file; expected a folder"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert occupied.read_text() == "a user's file\n"
+    assert not (tmp_path / "runs" / "w" / "recipe.yaml").exists()

@@ -99,8 +99,8 @@ MALFORMED = [
         variant("points_to_evaluate", [{"optimizer.lr": 0.01}]),
         "points_to_evaluate[0]: ema.objective is missing",
     ),
-    (variant("params/optimizer.lr/high", float("inf")), "params.optimizer.lr.low: bounds must"),
-    (variant("params/optimizer.lr/low", float("nan")), "bounds must be finite"),
+    (variant("params/optimizer.lr/high", float("inf")), "params.optimizer.lr.high: Input should"),
+    (variant("params/optimizer.lr/low", float("nan")), "params.optimizer.lr.low: Input should"),
     (variant("params", {}), "params: nothing to search"),
     (
         variant("params/budget.horizon", {"type": "uniform", "low": 1.0, "high": 2.0}),

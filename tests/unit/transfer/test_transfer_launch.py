@@ -3,43 +3,11 @@ is written or Ray is asked anything; not hours in, when the run comes up in its 
 
 import json
 
+from helpers import one_trial_sweep
+
 from schedule_search.cli import main
-from schedule_search.store.experiment import Experiment, SweepSettings
-from schedule_search.store.facts import SweepFacts, write_facts
-from schedule_search.train.evaluation import Evaluation
 from schedule_search.transfer.launch import plan_launch
 from schedule_search.transfer.run import SHARED_HELD_OUT
-
-
-def finished_sweep(root, warmup: float) -> Experiment:
-    """A sweep to 1x of one completed linreg trial whose LR warms up over `warmup`x."""
-    sweep = Experiment(root)
-    root.mkdir(parents=True)
-    sweep.save_settings(SweepSettings(name=root.name, samples=1, workers=1, concurrency=1))
-    write_facts(root, SweepFacts(1.0, [0.5, 1.0], 20.0, 64, 16.0))
-    config = {
-        "task": {"name": "linreg", "dim": 64, "batch": 16},
-        "optimizer": {"name": "sgd", "lr": 0.1},
-        "schedule": {"kind": "poly", "warmup": warmup, "alpha": 4.0},
-        "budget": {"horizon": 1.0, "eval_at": [0.5]},
-    }
-    sweep.write_trial_json("t0", "config.json", {"params": {}, "config": config})
-    history = [
-        Evaluation(
-            tokens=int(t * 1280),
-            chinchilla=t,
-            val_loss=v,
-            milestone=m,
-            ema_fraction=0.0,
-            losses={0.0: v},
-        )
-        for m, (t, v) in enumerate([(0.5, 2.0), (1.0, 1.5)], start=1)
-    ]
-    sweep.write_trial_json("t0", "metrics.json", [e.to_metrics() for e in history])
-    sweep.write_trial_json(
-        "t0", "result.json", {"state": "completed", "reason": "", "val_loss": 1.5}
-    )
-    return sweep
 
 
 def test_a_wsd_branch_whose_cooldown_starts_inside_the_warmup_is_refused_at_launch(
@@ -48,7 +16,7 @@ def test_a_wsd_branch_whose_cooldown_starts_inside_the_warmup_is_refused_at_laun
     # The 1 - sqrt cooldown takes the last 20% of each horizon: at the sweep's own 1x it would
     # start at 0.8x, inside this recipe's 0.85x warmup. Its run would be built only after the
     # constant run (to 8x) has ended.
-    sweep = finished_sweep(tmp_path / "runs" / "w", warmup=0.85)
+    sweep = one_trial_sweep(tmp_path / "runs" / "w", warmup=0.85)
     args = ["transfer", "w", "--storage", str(tmp_path / "runs"), "--to", "8"]
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -67,7 +35,7 @@ def test_a_transfer_of_seeds_launched_before_the_shared_held_out_sample_is_not_r
     """Its replicas were scored each on its seed's own held-out sample; runs made now share
     one: resuming it would put the two in one table. Refused in one line, nothing written; the
     same launch made now (marked) resumes."""
-    sweep = finished_sweep(tmp_path / "runs" / "s", warmup=0.05)
+    sweep = one_trial_sweep(tmp_path / "runs" / "s", warmup=0.05)
     launched = sweep.root / "transfer" / "launch.json"
     launched.parent.mkdir()
     before = {
@@ -90,3 +58,36 @@ def test_a_transfer_of_seeds_launched_before_the_shared_held_out_sample_is_not_r
     launched.write_text(json.dumps(before | {"held_out": SHARED_HELD_OUT}))
     launch = plan_launch(sweep, None, None, None, None)
     assert launch.resume and launch.seeds == 3
+
+
+def test_a_recipe_file_naming_no_trial_of_the_sweep_is_refused_in_one_line(tmp_path, capsys):
+    """`forecast` and `transfer` read which trial the recipe is from its `source.trial_id`; a
+    recipe written by hand, or copied from another sweep, named none: a KeyError, exit 1."""
+    import yaml
+    from helpers import GOOD_RECIPE
+
+    sweep = one_trial_sweep(tmp_path / "runs" / "w", warmup=0.1)
+    storage = str(tmp_path / "runs")
+    recipe = sweep.root / "recipe.yaml"
+    for source in ({}, {"trial_id": "elsewhere"}):
+        recipe.write_text(yaml.safe_dump({**GOOD_RECIPE, "source": source}))
+        for verb in (["forecast", "w", "--methods", "recipe"], ["transfer", "w", "--to", "8"]):
+            capsys.readouterr()
+            assert main([*verb, "--storage", storage]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"{recipe}: source.trial_id: expected a trial of" in err, err
+            assert not (sweep.root / "transfer").exists(), "nothing may be written or launched"
+
+
+def test_horizons_short_of_the_sweeps_are_refused_in_one_line(tmp_path, capsys):
+    """A transfer to 0.5x of a 1x sweep was planned as horizons [0.5, 1] (help: "beyond the
+    sweep's"); a forecast dropped 0.5 without a word."""
+    sweep = one_trial_sweep(tmp_path / "runs" / "w", warmup=0.1)
+    storage = str(tmp_path / "runs")
+    for verb in ("transfer", "forecast"):
+        assert main([verb, "w", "--storage", storage, "--to", "0.5,8"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert "--to: expected horizons at or beyond the sweep's 1x, got 0.5" in err, err
+    assert not (sweep.root / "transfer").exists(), "nothing may be written or launched"
