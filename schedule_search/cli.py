@@ -270,6 +270,15 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
         help="pick the lowest loss among trials at most this many times slower "
         "(wall clock to the horizon) than the fastest",
     )
+    export.add_argument(
+        "--at",
+        type=_positive_float,
+        default=None,
+        metavar="H",
+        help="pick the trial whose own curve (its evaluations past its warmup, continued) "
+        "forecasts the lowest loss at H Chinchilla multiples, at or beyond the sweep's "
+        "horizon; the forecast is written into the recipe",
+    )
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -201,13 +201,9 @@ def _warn_damaged(experiment) -> None:
 
 def _print_table(experiment) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    from schedule_search.core.averaging import fraction_label
-    from schedule_search.store.experiment import FAMILY
-    from schedule_search.sweep.space import config_key, short_name, value_text
+    from schedule_search.report.trials_table import trials_table
 
-    horizon = _horizon(experiment)
     _warn_damaged(experiment)
     try:
         rows = experiment.write_table()
@@ -215,31 +211,7 @@ def _print_table(experiment) -> None:
     except OSError as error:  # a full or read-only volume: the records still read
         rows = experiment.rows()
         written = f"table not written: {error}"
-    best = experiment.best(horizon)
-    table = Table(title=f"{experiment.root.name}: {len(rows)} trials (objective at {horizon:g}x)")
-    # One column per training config key: a family's own params share the column of their
-    # key (each trial holds its family's value), the family first.
-    by_key = {r.trial_id: {config_key(k): v for k, v in r.params.items()} for r in rows}
-    keys = sorted({k for values in by_key.values() for k in values}, key=lambda k: (k != FAMILY, k))
-    headers = [short_name(k) for k in keys]
-    if len(set(headers)) < len(headers):
-        headers = keys
-    restarted = any(r.restarts for r in rows)  # a column only once a fault has happened
-    fixed = ["trial", "state", "reached", "val_loss", "ema fraction", "best"]
-    for column in [*fixed, *(["restarts"] if restarted else []), *headers]:
-        table.add_column(column)
-    for r in sorted(rows, key=lambda r: (r.state != State.COMPLETED, r.val_loss)):
-        mark = " *" if best is not None and r.trial_id == best.trial_id else ""
-        table.add_row(
-            r.trial_id + mark,
-            r.state,
-            f"{r.chinchilla:g}x",
-            f"{r.val_loss:.4f}",
-            fraction_label(r.ema_fraction),
-            f"{r.best_val_loss:.4f}",
-            *([str(r.restarts)] if restarted else []),
-            *[value_text(by_key[r.trial_id].get(key, "")) for key in keys],
-        )
+    table = trials_table(experiment, rows, _horizon(experiment))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     print(written)
 
@@ -316,11 +288,18 @@ def export(args: argparse.Namespace) -> int:
     experiment.settings()
     output = args.output or experiment.root / "recipe.yaml"
     require_placeable(output, "--output")
-    best, _ = export_best(experiment, output, read_facts(experiment.root), args.max_slowdown)
-    print(
-        f"trial {best.trial_id}: val_loss {best.val_loss:.4f} at {best.chinchilla:g}x "
-        f"(EMA fraction {fraction_label(best.ema_fraction)}) -> {output}"
-    )
+    facts = read_facts(experiment.root)
+    best, spec = export_best(experiment, output, facts, args.max_slowdown, args.at)
+    picked = f"val_loss {best.val_loss:.4f} at {best.chinchilla:g}x"
+    if args.at is not None:
+        forecast = spec.objective["forecast"]
+        picked = (
+            f"forecast val_loss {forecast['loss']:.4f} [{forecast['low']:.4f}, "
+            f"{forecast['high']:.4f}] at {args.at:g}x by its own curve; {picked}; best at "
+            f"{facts.horizon:g}x: trial {forecast['best_at_sweep_horizon']}"
+        )
+    ema = fraction_label(best.ema_fraction)
+    print(f"trial {best.trial_id}: {picked} (EMA fraction {ema}) -> {output}")
     return 0
 
 

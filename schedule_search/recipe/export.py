@@ -3,8 +3,9 @@ folder alone (no Ray, no task code)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from schedule_search.core.config import ConfigError, parse
 from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, load_recipe, write_recipe
@@ -37,20 +38,49 @@ def exported_trial(experiment: Experiment) -> tuple[str, float]:
     return best.trial_id, float(best.ema_fraction)
 
 
-def export_best(
-    experiment: Experiment, output: Path, facts: SweepFacts, max_slowdown: float | None = None
-) -> tuple[TrialRow, RecipeSpec]:
-    """Write the best trial's config as a recipe file (atomically)."""
-    horizon = facts.horizon
+def _choose(
+    experiment: Experiment, facts: SweepFacts, max_slowdown: float | None, at: float | None
+) -> tuple[TrialRow, str, dict[str, Any]]:
+    """The trial to export, the rule that chose it, and with `at` its forecast there."""
+    if at is not None:
+        if max_slowdown is not None:
+            raise ConfigError("--at: picks by the forecast loss alone; drop --max-slowdown")
+        facts.check_beyond([at])
     damaged = experiment.problems()
     if damaged:  # the best may be the damaged trial: picking among the rest is a guess
         raise ConfigError(
             f"{damaged[0]}; export needs every trial's records (move that trial's folder "
             "out of trials/ to export without it)"
         )
-    best = experiment.best(horizon, max_slowdown)
+    best = experiment.best(facts.horizon, max_slowdown)
     if best is None:
-        raise ConfigError(f"{experiment.root}: no trial has reached the {horizon:g}x horizon yet")
+        raise ConfigError(
+            f"{experiment.root}: no trial has reached the {facts.horizon:g}x horizon yet"
+        )
+    if at is None:
+        slower = f" within {max_slowdown:g}x the fastest trial's time" if max_slowdown else ""
+        return best, "lowest val_loss" + slower, {}
+    from schedule_search.forecast.pick import forecast_trials
+
+    chosen = forecast_trials(experiment, facts.horizon, at)[0]
+    forecast = {**asdict(chosen), "best_at_sweep_horizon": best.trial_id}
+    best = next(r for r in experiment.finished(facts.horizon) if r.trial_id == chosen.trial_id)
+    rule = f"lowest forecast val_loss at {at:g}x, the trial's own curve continued"
+    return best, rule, {"forecast": forecast}
+
+
+def export_best(
+    experiment: Experiment,
+    output: Path,
+    facts: SweepFacts,
+    max_slowdown: float | None = None,
+    at: float | None = None,
+) -> tuple[TrialRow, RecipeSpec]:
+    """Write the best trial's config as a recipe file (atomically): the lowest loss at the
+    sweep's horizon, or with `at`, the lowest own-curve forecast at that longer horizon
+    (`forecast.pick`), the forecast written into the recipe's objective."""
+    horizon = facts.horizon
+    best, rule, forecast = _choose(experiment, facts, max_slowdown, at)
     config = parse(
         TrainConfig, experiment.read_trial_json(best.trial_id, "config.json")["config"], "trial"
     )
@@ -75,8 +105,8 @@ def export_best(
             "horizon": horizon,
             "wall_s": best.wall_s,
             "ema_fraction": float(best.ema_fraction),
-            "rule": "lowest val_loss"
-            + (f" within {max_slowdown:g}x the fastest trial's time" if max_slowdown else ""),
+            "rule": rule,
+            **forecast,
         },
         source={
             "experiment": experiment.root.name,

@@ -263,7 +263,7 @@ def test_the_recipe_alone_is_forecast_where_the_laws_lack_curves(tmp_path, capsy
     best = min(runs, key=lambda run: TRUTH.predict(run, [4.0])[0])
     assert cell["loss"] == pytest.approx(TRUTH.predict(best, [8.0])[0] - 0.01, abs=0.02)
     # With three evaluations the recipe has no own curve: no hint, the law's refusal alone.
-    short = write_sweep(tmp_path / "runs" / "short", runs, [1.0, 2.0, 4.0])
+    short = write_sweep(tmp_path / "runs" / "short", runs[:2], [1.0, 2.0, 4.0])
     assert main(["forecast", "short", *storage, "--methods", "recipe"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "--methods recipe" not in error[0], error
@@ -278,3 +278,63 @@ def test_forecast_methods_outside_the_rows_are_refused_in_one_line(tmp_path, cap
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "recipe,constant,cosine,linear" in error[0], error
     assert not (experiment.root / "forecast").exists()
+
+
+def test_export_at_a_longer_horizon_picks_by_each_trials_own_curve(tmp_path, capsys):
+    """The trial best at the sweep's horizon (a fast start, a high floor) is not the one whose
+    own curve is lowest at 32x (a slow start, a low floor); `export --at 32` picks the latter
+    and writes its forecast into the recipe. A cosine trial, lowest of all at 4x, ends there:
+    it has no curve to continue and is never picked by it."""
+    import yaml
+
+    from schedule_search.recipe import load_recipe
+
+    runs = sweep_like_runs()[:3]
+    runs[2] = Run(1e-2, ScheduleConfig(kind="cosine", horizon=4.0), 1)
+    experiment = write_sweep(tmp_path / "runs" / "at", runs, EVAL_AT)
+    cosine = experiment.read_trial_json("t0002", "config.json")
+    cosine["config"]["schedule"]["horizon"] = 4.0
+    experiment.write_trial_json("t0002", "config.json", cosine)
+    fast, slow = PowerCurve(0.70, 0.40, 1.5), PowerCurve(0.40, 0.60, 0.3)
+    curves = {"t0000": fast, "t0001": slow, "t0002": PowerCurve(0.40, 0.40, 1.5)}
+    for trial_id, curve in curves.items():
+        rewrite_objective(
+            experiment, trial_id, dict(zip(EVAL_AT, curve.predict(EVAL_AT), strict=True))
+        )
+        history = experiment.read_trial_json(trial_id, "metrics.json")
+        for row in history:  # what a trial records and a recipe needs: its model, its EMA
+            row.update(n_params=1000, tokens_per_reference_step=16, ema_fraction=0.04)
+            row["val_loss_ema/0.04"] = row["val_loss"]
+        experiment.write_trial_json(trial_id, "metrics.json", history)
+    assert fast.predict([4.0])[0] < slow.predict([4.0])[0]
+    assert fast.predict([32.0])[0] > slow.predict([32.0])[0]
+    storage = ["--storage", str(tmp_path / "runs")]
+    recipe = experiment.root / "recipe.yaml"
+
+    assert main(["export", "at", *storage]) == 0
+    assert yaml.safe_load(recipe.read_text())["source"]["trial_id"] == "t0002"
+    assert main(["export", "at", *storage, "--at", "32"]) == 0
+    written = yaml.safe_load(recipe.read_text())
+    assert written["source"]["trial_id"] == "t0001"
+    forecast = written["objective"]["forecast"]
+    assert forecast["horizon"] == 32.0 and forecast["trial_id"] == "t0001"
+    assert forecast["loss"] == pytest.approx(slow.predict([32.0])[0], abs=1e-6)
+    assert "forecast" in written["objective"]["rule"]
+    assert load_recipe(recipe).spec.source["trial_id"] == "t0001"  # as the transfer reads it
+    out = capsys.readouterr().out
+    assert "trial t0001: forecast val_loss" in out and "best at 4x: trial t0002" in out, out
+
+    for flags, message in [
+        (["--at", "2"], "--to: expected horizons at or beyond the sweep's 4x, got 2"),
+        (["--at", "32", "--max-slowdown", "2"], "--at: picks by the forecast loss alone"),
+    ]:
+        recipe.unlink(missing_ok=True)
+        assert main(["export", "at", *storage, *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+        assert not recipe.exists()
+    short = write_sweep(tmp_path / "runs" / "short", runs[:2], [1.0, 2.0, 4.0])
+    assert main(["export", "short", *storage, "--at", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "4 evaluations past its warmup" in err, err
+    assert not (short.root / "recipe.yaml").exists()
