@@ -3,10 +3,12 @@ continued along its own curve (`own_curve`), ranked by its forecast there (`expo
 
 The trial best at the sweep's horizon need not be best later: a higher LR starts faster and
 levels off higher. On the default sweep the own curve put its 4x pick (schedule-free AdamW at
-3.75e-2) 0.016 and 0.019 nats behind a lower-LR schedule-free trial at 16x and 32x, and the
-transfer then measured the pick within 0.0045 of those forecasts at 8x-32x, the other config
-within 0.0021 (BENCHMARKS.md, "Forecast"). Only trials with `MIN_OWN_POINTS` evaluations past
-their warmup have a curve to continue; the rest are left out, and said to be.
+3.75e-2) 0.013 and 0.019 nats behind a lower-LR schedule-free trial at 16x and 32x; the
+transfer then measured both within 0.0045 of their forecasts at 8x-32x. `--at 32` picked an
+AdamW trial there, which beat the 4x pick at 32x by 0.0116 ± 0.0102 nats over 3 seeds, though
+its own curve forecast it 0.018 too low: on AdamW runs the curve ranks better than it predicts
+(BENCHMARKS.md, "The own curve checked on the new recipe"). Only trials with `MIN_OWN_POINTS`
+evaluations past their warmup have a curve to continue; the rest are left out.
 """
 
 from __future__ import annotations
