@@ -45,7 +45,7 @@ def _choose(
     if at is not None:
         if max_slowdown is not None:
             raise ConfigError("--at: picks by the forecast loss alone; drop --max-slowdown")
-        facts.check_beyond([at])
+        facts.check_beyond([at], "--at")
     damaged = experiment.problems()
     if damaged:  # the best may be the damaged trial: picking among the rest is a guess
         raise ConfigError(

@@ -38,13 +38,13 @@ class SweepFacts:
     n_params: Annotated[int, Field(ge=0)]
     tokens_per_reference_step: Annotated[float, Field(ge=0)]
 
-    def check_beyond(self, horizons: list[float]) -> None:
-        """`--to` names horizons past this sweep's; one short of it would be planned (a
+    def check_beyond(self, horizons: list[float], flag: str = "--to") -> None:
+        """`flag` names horizons past this sweep's; one short of it would be planned (a
         transfer to 2x of a 4x sweep) or dropped (a forecast) without a word."""
         for horizon in horizons:
             if horizon < self.horizon:
                 raise ConfigError(
-                    f"--to: expected horizons at or beyond the sweep's {self.horizon:g}x, "
+                    f"{flag}: expected horizons at or beyond the sweep's {self.horizon:g}x, "
                     f"got {horizon:g}"
                 )
 

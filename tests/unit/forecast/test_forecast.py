@@ -325,7 +325,7 @@ def test_export_at_a_longer_horizon_picks_by_each_trials_own_curve(tmp_path, cap
     assert "trial t0001: forecast val_loss" in out and "best at 4x: trial t0002" in out, out
 
     for flags, message in [
-        (["--at", "2"], "--to: expected horizons at or beyond the sweep's 4x, got 2"),
+        (["--at", "2"], "--at: expected horizons at or beyond the sweep's 4x, got 2"),
         (["--at", "32", "--max-slowdown", "2"], "--at: picks by the forecast loss alone"),
     ]:
         recipe.unlink(missing_ok=True)
