@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from schedule_search.core.config import ConfigError
 from schedule_search.core.schedules import HORIZON_AWARE
 from schedule_search.forecast.own_curve import MIN_OWN_POINTS, continue_curve, past_warmup
-from schedule_search.store.experiment import Experiment
+from schedule_search.store.experiment import Experiment, TrialRow
 
 __all__ = ["TrialForecast", "forecast_trials"]
 
@@ -35,11 +35,13 @@ class TrialForecast:
     fitted_on: tuple[float, ...]
 
 
-def forecast_trials(experiment: Experiment, horizon: float, at: float) -> list[TrialForecast]:
-    """Every horizon-free trial that reached `horizon` (the sweep's) with a curve, continued
-    to `at`, best first; a one-line ConfigError where none has a curve."""
+def forecast_trials(
+    experiment: Experiment, finished: list[TrialRow], horizon: float, at: float
+) -> list[TrialForecast]:
+    """Every horizon-free trial of `finished` (those that reached `horizon`, the sweep's)
+    with a curve, continued to `at`, best first; a one-line ConfigError where none has one."""
     forecasts = []
-    for row in experiment.finished(horizon):
+    for row in finished:
         schedule = experiment.read_trial_json(row.trial_id, "config.json")["config"]["schedule"]
         if schedule["kind"] in HORIZON_AWARE:  # it ends at the horizon: nothing to continue
             continue

@@ -9,7 +9,7 @@ from typing import Any
 
 from schedule_search.core.config import ConfigError, parse
 from schedule_search.recipe import RECIPE_FORMAT, RecipeSpec, load_recipe, write_recipe
-from schedule_search.store.experiment import Experiment, TrialRow
+from schedule_search.store.experiment import Experiment, TrialRow, select_best
 from schedule_search.store.facts import SweepFacts, read_facts
 from schedule_search.store.records import read_records
 from schedule_search.train.config import TrainConfig
@@ -52,7 +52,8 @@ def _choose(
             f"{damaged[0]}; export needs every trial's records (move that trial's folder "
             "out of trials/ to export without it)"
         )
-    best = experiment.best(facts.horizon, max_slowdown)
+    finished = experiment.finished(facts.horizon)  # every trial's records, read once
+    best = select_best(finished, max_slowdown)
     if best is None:
         raise ConfigError(
             f"{experiment.root}: no trial has reached the {facts.horizon:g}x horizon yet"
@@ -62,9 +63,9 @@ def _choose(
         return best, "lowest val_loss" + slower, {}
     from schedule_search.forecast.pick import forecast_trials
 
-    chosen = forecast_trials(experiment, facts.horizon, at)[0]
+    chosen = forecast_trials(experiment, finished, facts.horizon, at)[0]
     forecast = {**asdict(chosen), "best_at_sweep_horizon": best.trial_id}
-    best = next(r for r in experiment.finished(facts.horizon) if r.trial_id == chosen.trial_id)
+    best = next(r for r in finished if r.trial_id == chosen.trial_id)
     rule = f"lowest forecast val_loss at {at:g}x, the trial's own curve continued"
     return best, rule, {"forecast": forecast}
 
