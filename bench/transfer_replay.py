@@ -39,8 +39,9 @@ from typing import Any
 from schedule_search.core.config import parse
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.evaluation import Evaluation
-from schedule_search.transfer.lr_grid import rank
-from schedule_search.transfer.plan import GRID, GridSpec, History, TransferStudy, canonical
+from schedule_search.transfer.lr_grid import GRID, GridSpec, canonical, rank
+from schedule_search.transfer.plan import TransferStudy, constant_lr_of
+from schedule_search.transfer.scores import History
 from schedule_search.transfer.seeds import pending_with_seeds, seed_of, seeded
 
 
@@ -83,6 +84,7 @@ def recorded_study(folder: Path) -> tuple[TransferStudy, int, dict[str, History]
         launched["methods"],
         sweep_horizon,
         continue_from=launched.get("continued_from"),
+        constant_lr=constant_lr_of(folder / "launch.json"),
     )
     recorded = {name: history(run["losses"]) for name, run in runs.items()}
     return study, launched.get("seeds", 1), recorded
@@ -287,6 +289,7 @@ def main() -> None:
             study.methods,
             study.sweep_horizon,
             continue_from=study.continue_from,
+            constant_lr=study.constant_lr,
             centres=centres,
         )
     finished, compute, total_length = replay(

@@ -233,7 +233,13 @@ def transfer(args: argparse.Namespace) -> int:
     with experiment_lock(sweep.root, "transfer"):
         try:
             outcome = run_transfer(
-                sweep, launch.settings, launch.horizons, launch.methods, launch.resume, launch.seeds
+                sweep,
+                launch.settings,
+                launch.horizons,
+                launch.methods,
+                launch.resume,
+                launch.seeds,
+                launch.constant_lr,
             )
         except TrialsFailed as err:
             hint = _continues(err, "transfer", args.name, args.storage)
@@ -312,6 +318,8 @@ def forecast(args: argparse.Namespace) -> int:
     from schedule_search.recipe.export import exported_trial
     from schedule_search.store.experiment import Experiment
     from schedule_search.store.facts import read_facts
+    from schedule_search.transfer.lr_grid import reach
+    from schedule_search.transfer.plan import constant_lr_of
 
     experiment = Experiment.named(args.name, args.storage)
     experiment.settings()
@@ -320,14 +328,20 @@ def forecast(args: argparse.Namespace) -> int:
     horizon = facts.horizon
     recipe_trial, _ = exported_trial(experiment)
     horizons = [horizon, *(h for h in (args.to or [8.0, 16.0, 32.0]) if h > horizon)]
-    predicted = forecast_sweep(experiment, recipe_trial, horizons, args.methods or METHODS)
+    # Constant + EMA where its transfer trains it: at the LR its grid picks (the rule a
+    # transfer launched now takes), or at the recipe's (one launched before that rule).
+    tuned = constant_lr_of(experiment.root / "transfer" / "launch.json") == "tuned"
+    methods = args.methods or METHODS
+    predicted = forecast_sweep(
+        experiment, recipe_trial, horizons, methods, reach() if tuned else None
+    )
     table = Table(title=f"{experiment.root.name}: forecast [interval]")
     table.add_column("row")
     for h in horizons:
         table.add_column(f"{h:g}x")
     for label, cells in predicted.rows.items():
         texts = [f"{cells[h].loss:.4f} [{cells[h].low:.4f}, {cells[h].high:.4f}]" for h in horizons]
-        if "envelope" in label:
+        if "envelope" in label or label.startswith("constant"):  # at the LR the law picks
             texts = [f"{t} lr {cells[h].lr:.2g}" for t, h in zip(texts, horizons, strict=True)]
         table.add_row(label, *texts)
     Console(width=None if sys.stdout.isatty() else 200).print(table)

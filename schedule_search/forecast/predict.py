@@ -26,6 +26,7 @@ from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.forecast.law import Curve, LossLaw, Run, fit_law, with_schedule
 from schedule_search.forecast.own_curve import MIN_OWN_POINTS, continue_curve, past_warmup
 from schedule_search.store.experiment import Experiment
+from schedule_search.store.facts import read_facts
 from schedule_search.store.records import read_records
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "fit_group",
     "forecast_sweep",
     "law_cells",
+    "picked_cells",
     "sweep_curves",
 ]
 
@@ -190,6 +192,38 @@ def law_cells(fit: LawFit, run: Run, horizons: Sequence[float]) -> dict[float, C
     return {h: _cell(fit, _fixed(run, h)) for h in horizons}
 
 
+def picked_cells(
+    fit: LawFit, run: Run, pick_at: float, lrs: Sequence[float], horizons: Sequence[float]
+) -> dict[float, Cell]:
+    """`run` (a horizon-free schedule) at each horizon, at the one of `lrs` the law `fit`
+    says is best at `pick_at`, as a transfer picks constant + EMA's LR at the sweep's horizon
+    and continues it; each bootstrap refit picks again."""
+
+    def picked(horizon: float) -> Callable[[LossLaw], tuple[float, float]]:
+        def predict(law: LossLaw) -> tuple[float, float]:
+            at_pick = [float(law.predict(replace(run, lr=lr), [pick_at])[0]) for lr in lrs]
+            lr = float(lrs[int(np.argmin(at_pick))])
+            return float(law.predict(replace(run, lr=lr), [horizon])[0]), lr
+
+        return predict
+
+    return {h: _cautioned(fit, _cell(fit, picked(h))) for h in horizons}
+
+
+def _fitted_lrs(fit: LawFit) -> tuple[float, float]:
+    return min(c.run.lr for c in fit.curves), max(c.run.lr for c in fit.curves)
+
+
+def _cautioned(fit: LawFit, found: Cell) -> Cell:
+    """`found`, with a caution where the LR the law picked lies outside those it was fitted
+    on (the law extrapolates in LR there)."""
+    low, high = _fitted_lrs(fit)
+    if low <= found.lr <= high:
+        return found
+    caution = f"best LR {found.lr:.2g} outside the fitted LRs {low:.2g}-{high:.2g}"
+    return replace(found, caution=caution)
+
+
 #: The envelopes the transfer trains: each horizon's runs end with this schedule.
 ENVELOPES: dict[str, dict[str, Any]] = {
     "cosine envelope (last iterate)": {"kind": "cosine", "floor": 0.1},
@@ -203,15 +237,11 @@ def envelope_cells(
     """Each envelope of `kinds` at each horizon, by the raw weights' law `fit`: `run`'s warmup
     and micro-batches with the envelope's schedule ending at the horizon, at the best of
     `LR_GRID` LRs spanning the fitted curves' LRs widened 4x each way."""
-    low, high = min(c.run.lr for c in fit.curves), max(c.run.lr for c in fit.curves)
+    low, high = _fitted_lrs(fit)
     lrs = np.geomspace(low / 4, high * 4, LR_GRID)
 
     def cell(horizon: float, schedule: dict[str, Any]) -> Cell:
-        found = _cell(fit, _tuned(run, horizon, lrs, **schedule))
-        if low <= found.lr <= high:
-            return found
-        caution = f"best LR {found.lr:.2g} outside the fitted LRs {low:.2g}-{high:.2g}"
-        return replace(found, caution=caution)
+        return _cautioned(fit, _cell(fit, _tuned(run, horizon, lrs, **schedule)))
 
     return {
         label: {h: cell(h, schedule) for h in horizons}
@@ -225,10 +255,13 @@ def forecast_sweep(
     recipe_trial: str,
     horizons: Sequence[float],
     methods: Sequence[str] = METHODS,
+    constant_factors: Sequence[float] | None = None,
 ) -> Forecast:
-    """The rows of `methods` (`METHODS`): the recipe continued, constant + EMA at its LR, and
-    the cosine (to 10%) and linear-to-zero envelopes at each horizon's best LR, as the
-    transfer trains them. Only the laws those rows need are fitted."""
+    """The rows of `methods` (`METHODS`): the recipe continued, constant + EMA, and the cosine
+    (to 10%) and linear-to-zero envelopes at each horizon's best LR, as the transfer trains
+    them. Constant + EMA is at the recipe's AdamW LR, or, given the `constant_factors` of it
+    the transfer's grid can run, at the one the law finds best at the sweep's horizon.
+    Only the laws those rows need are fitted."""
     config = read_records(experiment.trial_dir(recipe_trial)).config["config"]
     recipe, optimizer = _run_of(config)
     curves = sweep_curves(experiment)
@@ -256,14 +289,19 @@ def forecast_sweep(
     if "recipe" in methods:
         rows[RECIPE] = own or law_cells(laws[f"{optimizer}/{OBJECTIVE}"], recipe, horizons)
     if "constant" in methods:
-        # Constant + EMA trains with AdamW at the LR the transfer gives it: a schedule-free
+        # Constant + EMA trains with AdamW around the recipe's AdamW LR: a schedule-free
         # recipe's over sqrt(10) (`TransferStudy.adamw_lr`), the recipe's own otherwise.
         schedule_free = optimizer == "schedulefree_adamw"
         adamw_lr = recipe.lr / SCHEDULE_FREE_LR if schedule_free else recipe.lr
         constant = with_schedule(replace(recipe, lr=adamw_lr), kind="constant")
-        rows["constant + EMA (best EMA)"] = law_cells(
-            laws[f"adamw/{OBJECTIVE}"], constant, horizons
-        )
+        fit = laws[f"adamw/{OBJECTIVE}"]
+        if constant_factors is not None:
+            lattice = [adamw_lr * factor for factor in constant_factors]
+            sweep_horizon = read_facts(experiment.root).horizon
+            cells = picked_cells(fit, constant, sweep_horizon, lattice, horizons)
+        else:
+            cells = law_cells(fit, constant, horizons)
+        rows["constant + EMA (best EMA)"] = cells
     if envelopes:
         rows.update(envelope_cells(laws[f"adamw/{RAW}"], recipe, horizons, envelopes))
     return Forecast(list(horizons), recipe_trial, laws, rows)

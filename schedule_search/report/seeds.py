@@ -21,7 +21,7 @@ from typing import Any
 
 from scipy import stats
 
-from schedule_search.transfer.plan import History, loss_at
+from schedule_search.transfer.scores import History, loss_at
 from schedule_search.transfer.seeds import seeded
 
 __all__ = [

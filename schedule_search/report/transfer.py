@@ -20,10 +20,9 @@ from schedule_search.report.forecast_cells import forecast_cells, forecast_markd
 from schedule_search.report.head_to_head import head_to_head, head_to_head_markdown
 from schedule_search.report.seeds import add_seed_statistics, seeds_markdown
 from schedule_search.report.transfer_figures import plot_gaps, plot_losses, plot_lrs
-from schedule_search.transfer.plan import (
-    WSD,
+from schedule_search.transfer.plan import WSD, TransferStudy
+from schedule_search.transfer.scores import (
     History,
-    TransferStudy,
     at_horizon,
     best_of_bank,
     last_iterate,
@@ -117,6 +116,27 @@ def _recipe_row(study: TransferStudy, runs: dict[str, History], sweep_history: H
     )
 
 
+def _constant_row(study: TransferStudy, runs: dict[str, History]) -> Row:
+    """Constant + EMA, scored by its bank's best: the trunk at the recipe's AdamW LR, or the
+    winner of its grid at the sweep's horizon and the winner's continuation."""
+    history, compute = runs["constant"], study.top
+    if study.constant_lr == "recipe":
+        note = f"LR {study.adamw_lr:.3g}, the recipe's AdamW LR"
+    else:  # "constant" ran: its grid picked an LR
+        spec = study.constant_grid()
+        lr = spec.pick(runs)
+        if lr is None:
+            raise RuntimeError("the constant trunk ran before its grid picked an LR")
+        grid = [n for n in runs if spec.lr_of(n) is not None]
+        history = _merged(runs[spec.run_name(lr)], history, spec.horizon)
+        compute = spec.horizon * len(grid) + study.top - spec.horizon
+        note = f"LR {lr:.3g} picked at {spec.horizon:g}x from {len(grid)} runs by the bank's best"
+        if bound := spec.state(runs).bound_hit:
+            note += f", at the grid's {bound} bound (the optimum may lie beyond)"
+    loss = {h: loss_at(history, h, "ema") for h in study.horizons}
+    return _row(loss, compute, note, _chosen_members("constant", history, study.horizons))
+
+
 def _method_rows(
     study: TransferStudy, runs: dict[str, History], sweep_history: History
 ) -> dict[str, Row]:
@@ -126,10 +146,7 @@ def _method_rows(
         label, row = _recipe_row(study, runs, sweep_history)
         rows[label] = row
     if "constant" in runs:
-        loss = {h: loss_at(runs["constant"], h, "ema") for h in horizons}
-        rows["constant + EMA (best of bank)"] = _row(
-            loss, study.top, source=_chosen_members("constant", runs["constant"], horizons)
-        )
+        rows["constant + EMA (best of bank)"] = _constant_row(study, runs)
     spec = study.schedulefree_grid()
     best = spec.state(runs).best_lr if "schedulefree" in study.methods else None
     if best is not None:

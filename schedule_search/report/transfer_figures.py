@@ -13,7 +13,8 @@ from matplotlib.typing import ColorType
 from schedule_search.core.config import parse
 from schedule_search.report.figures import plt, save_figure
 from schedule_search.train.config import TrainConfig
-from schedule_search.transfer.plan import History, TransferStudy, last_iterate
+from schedule_search.transfer.plan import TransferStudy
+from schedule_search.transfer.scores import History, last_iterate
 
 __all__ = ["gap_figure", "plot_gaps", "plot_losses", "plot_lrs"]
 

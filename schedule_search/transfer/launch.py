@@ -12,7 +12,7 @@ from schedule_search.core.config import ConfigError
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import read_facts
 from schedule_search.train.config import check_workers
-from schedule_search.transfer.plan import METHODS
+from schedule_search.transfer.plan import CONSTANT_LR, METHODS, constant_lr_of
 from schedule_search.transfer.run import SHARED_HELD_OUT, build_study, transfer_base
 
 __all__ = ["DEFAULT_MULTIPLES", "TransferLaunch", "plan_launch"]
@@ -27,6 +27,7 @@ class TransferLaunch:
     methods: list[str]
     resume: bool
     seeds: int = 1
+    constant_lr: str = CONSTANT_LR[0]  # a resumed transfer's own rule
 
 
 def plan_launch(
@@ -56,7 +57,8 @@ def plan_launch(
     targets = to or before.get("to") or DEFAULT_MULTIPLES
     horizons = sorted({base.budget.horizon, *targets})
     methods = methods or before.get("methods") or list(METHODS)
-    build_study(sweep, settings, horizons, methods)
+    constant_lr = constant_lr_of(launched)
+    build_study(sweep, settings, horizons, methods, constant_lr)
     seeds = seeds or before.get("seeds", 1)
     if before.get("seeds", 1) > 1 and before.get("held_out") != SHARED_HELD_OUT:
         raise ConfigError(
@@ -77,4 +79,4 @@ def plan_launch(
             f"{before.get('seeds', 1)} seed(s) is there; this "
             "one would change its runs. Move that folder aside to run another"
         )
-    return TransferLaunch(settings, horizons, methods, resume=launched.exists(), seeds=seeds)
+    return TransferLaunch(settings, horizons, methods, launched.exists(), seeds, constant_lr)

@@ -6,8 +6,9 @@ results, events), Tune's experiment state, and only the checkpoints still needed
 checkpoint the recipe continues from (a resumed study reads it to know the recipe continued),
 the newest of every unfinished run, of each seed's constant trunk the checkpoint every WSD
 branch not yet finished starts from (the first at or after its branch point, as the plan
-looks it up; every checkpoint of a trunk that has not evaluated yet), and every checkpoint of
-the schedule-free grid while its continuation has not finished. Left out: window logs
+looks it up; every checkpoint of a trunk that has not evaluated yet), every checkpoint of
+the schedule-free grid while its continuation has not finished, and of the constant grid
+while its winner's continuation or a WSD branch has not. Left out: window logs
 (`windows.jsonl`; no table or plot reads them), every other checkpoint, and the local Ray's
 authentication token (`ray_token`, left behind by a killed sweep or transfer): a secret of a
 Ray that no longer runs, and of no use elsewhere.
@@ -41,8 +42,9 @@ CHECKPOINT_PREFIX = "checkpoint_"
 
 def needed_checkpoints(root: Path) -> set[Path]:
     """The checkpoint folders (resolved) of the experiment at `root` that the rest of its
-    transfer needs: the recipe's start, the newest of each unfinished run, and every
-    checkpoint of a trunk whose branches have not all finished."""
+    transfer needs: the recipe's start, the newest of each unfinished run, every checkpoint of
+    a trunk whose branches have not all finished, and every checkpoint of the grids picked at
+    the sweep's horizon while their winner is to be continued or branched from."""
     launched = json.loads((root / "transfer" / "launch.json").read_text())
     keep = {Path(launched["continued_from"]).resolve()} if launched.get("continued_from") else set()
     finished: set[str] = set()
@@ -69,9 +71,22 @@ def needed_checkpoints(root: Path) -> set[Path]:
         ]
         if points and trunk in train_dirs:
             keep |= _branch_starts(trials[trunk], train_dirs[trunk], points)
-    if "schedulefree" not in finished:
-        for name in (n for n in train_dirs if n.startswith("schedulefree-lr")):
-            keep |= {f.resolve() for f in train_dirs[name].glob(f"{CHECKPOINT_PREFIX}*")}
+    # A grid picked at the sweep's horizon: its winner is continued, and the constant grid's
+    # winner is seed 0's trunk of the branches that start before that horizon.
+    sweep_horizon = min(launched["horizons"])
+    unbranched = "wsd" in launched.get("methods", ["wsd"]) and any(
+        f"{prefix}-{h:g}x" not in finished
+        for prefix, (share, _, _) in WSD.items()
+        for h in launched["horizons"]
+        if (1 - share) * h <= sweep_horizon + 1e-9
+    )
+    for grid, needed in (
+        ("schedulefree", "schedulefree" not in finished),
+        ("constant", "constant" not in finished or unbranched),
+    ):
+        if needed:
+            for name in (n for n in train_dirs if n.startswith(f"{grid}-lr")):
+                keep |= {f.resolve() for f in train_dirs[name].glob(f"{CHECKPOINT_PREFIX}*")}
     return keep
 
 

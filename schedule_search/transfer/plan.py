@@ -4,15 +4,19 @@ would pick instead, each tuned the way it would be in practice.
 - recipe: one anytime run to the largest horizon, continued from the sweep trial's checkpoint
   at the sweep's horizon when config and tokens per step match (else trained from token 0);
   scored with the recipe's own EMA fraction.
-- constant: constant LR + the EMA bank at the recipe's LR, to the largest horizon; the trunk
-  the WSD runs branch from.
-- wsd: branches off the constant run, decaying linearly to 10% over the last 10% of each
+- constant: AdamW at a constant LR with the EMA bank, scored by the bank's best; the trunk the
+  WSD runs branch from. Its LR is picked at the sweep's horizon on a grid centred on the
+  recipe's AdamW LR, scored like its row (the bank's best), and the winner continued to the
+  largest horizon (`CONSTANT_LR` "tuned"). Transfers launched before that rule ran it at the
+  recipe's AdamW LR itself ("recipe"), a reference at an LR no one tuned: for a
+  schedule-free recipe 1.19e-2, twice the 5.9e-3 AdamW's envelopes pick at 4x.
+- wsd: branches off the constant trunk, decaying linearly to 10% over the last 10% of each
   horizon; wsd-sqrt: decaying as 1 - sqrt to exactly 0 over the last 20% (Hagele et al. 2024).
 - schedulefree: schedule-free AdamW (Defazio et al. 2024), its LR picked at the sweep's
   horizon on a grid centred where its authors say to start (`SCHEDULE_FREE_LR`), the winner
   continued to the largest horizon; evaluated at its averaged weights. Where the recipe is
   schedule-free AdamW itself, the recipe is this row (not run twice), and the AdamW references
-  below start from its LR over `SCHEDULE_FREE_LR`.
+  start from its LR over `SCHEDULE_FREE_LR`.
 - cosine (to 10% of peak, the paper's baseline) and linear (decay to zero, Bergsma et al.
   2025): one run per horizon per LR, on grids extended at whichever edge holds the best point
   until it is interior (`lr_grid`); the best of each is an envelope. Compute goes where it
@@ -27,6 +31,7 @@ now, so the runner goes round by round and a killed transfer decides the same ro
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,75 +39,51 @@ from pathlib import Path
 from typing import Any
 
 from schedule_search.core.averaging import DEFAULT_FRACTIONS
-from schedule_search.core.config import parse, to_dict
+from schedule_search.core.config import ConfigError, parse, to_dict
 from schedule_search.core.optimizer import SCHEDULE_FREE_LR, OptimizerConfig
 from schedule_search.train.config import TrainConfig
-from schedule_search.train.evaluation import Evaluation
-from schedule_search.transfer.lr_grid import GridState, grid_state, rank
+from schedule_search.transfer.lr_grid import GRID, GridSpec, rank
+from schedule_search.transfer.scores import History
 
 __all__ = [
+    "CONSTANT_LR",
     "ENVELOPE",
     "FLOOR",
-    "GRID",
-    "MAX_EXTENSIONS",
     "METHODS",
     "SCHEDULE_FREE_LR",
     "WSD",
-    "GridSpec",
+    "CheckpointAt",
     "TransferStudy",
-    "at_horizon",
-    "best_of_bank",
-    "canonical",
-    "last_iterate",
-    "loss_at",
+    "constant_lr_of",
 ]
 
 METHODS = ("recipe", "constant", "schedulefree", "cosine", "linear", "wsd")
 #: The horizon-aware schedules tuned per horizon; their best is the envelope.
 ENVELOPE = ("cosine", "linear")
-#: Initial LR grids, as factors of their centre (`TransferStudy.centre`; schedule-free's is
-#: `SCHEDULE_FREE_LR` times the recipe's LR); every grid is extended by x2 steps at an edge.
-GRID = (0.5, 1.0, 2.0)
-MAX_EXTENSIONS = 2  # per side; where the best is still at an edge the table marks it
+#: The rules for the constant trunk's LR (the module's docstring); the first is the one new
+#: launches take.
+CONSTANT_LR = ("tuned", "recipe")
 FLOOR = 0.1
 #: WSD branches: name prefix -> (share of the horizon the cooldown takes, cooldown, floor).
 WSD = {"wsd": (0.1, "linear", FLOOR), "wsd-sqrt": (0.2, "sqrt", 0.0)}
 
-History = list[Evaluation]
+
+def constant_lr_of(launched: Path) -> str:
+    """The rule for constant + EMA's LR of the transfer whose `launch.json` is `launched`: the
+    one it was launched with (one launched before the rule was recorded ran the recipe's
+    AdamW LR, and goes on so), or, where there is none yet, the one a new launch takes."""
+    if not launched.exists():
+        return CONSTANT_LR[0]
+    rule = json.loads(launched.read_text()).get("constant_lr", "recipe")
+    if rule not in CONSTANT_LR:
+        raise ConfigError(
+            f"{launched}: constant_lr: expected one of {', '.join(CONSTANT_LR)}, got {rule!r}"
+        )
+    return str(rule)
+
+
 #: (run name, tokens) -> the checkpoint folder of that finished run at or after those tokens.
 CheckpointAt = Callable[[str, float], Path]
-
-
-def at_horizon(history: History, horizon: float) -> Evaluation | None:
-    """A run's evaluation at `horizon` (None when it did not get there)."""
-    return next((row for row in history if math.isclose(row.chinchilla, horizon)), None)
-
-
-def best_of_bank(row: Evaluation) -> tuple[float, float]:
-    """(loss, fraction) of the best member of an evaluation's EMA bank (raw weights included)."""
-    losses = {f: loss for f, loss in row.losses.items() if math.isfinite(loss)}
-    if not losses:
-        return math.nan, math.nan
-    frac = min(losses, key=lambda f: (losses[f], f))
-    return losses[frac], frac
-
-
-def last_iterate(row: Evaluation) -> float:
-    """The raw weights' loss (the objective where the raw weights were not evaluated)."""
-    return row.losses.get(0.0, row.val_loss)
-
-
-def loss_at(history: History, horizon: float, score: str | float) -> float:
-    """A run's loss at `horizon`: its last iterate (`last`), its bank's best member (`ema`),
-    or the member of EMA fraction `score`; NaN where it did not get there."""
-    row = at_horizon(history, horizon)
-    if row is None:
-        return math.nan
-    if score == "last":
-        return last_iterate(row)
-    if score == "ema":
-        return best_of_bank(row)[0]
-    return row.loss_at(float(score))
 
 
 @dataclass
@@ -117,9 +98,15 @@ class TransferStudy:
     #: The sweep trial's checkpoint at its horizon, where the recipe run may continue from.
     continue_from: str | None = None
     continued_trial: str | None = None
+    #: How the constant trunk's LR is chosen (`CONSTANT_LR`).
+    constant_lr: str = CONSTANT_LR[0]
     tree: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.constant_lr not in CONSTANT_LR:
+            raise ConfigError(
+                f"constant_lr: expected one of {', '.join(CONSTANT_LR)}, got {self.constant_lr!r}"
+            )
         self.horizons = sorted(self.horizons)
         self.tree = to_dict(self.base)
         self.tree["branch_from"] = None
@@ -179,17 +166,47 @@ class TransferStudy:
             branch_from=self.continue_from,
         )
 
-    def constant(self) -> dict[str, Any]:
+    @property
+    def has_trunk(self) -> bool:
+        return "constant" in self.methods or "wsd" in self.methods
+
+    def trunk(self, lr: float, horizon: float, branch_from: str | None = None) -> dict[str, Any]:
+        """Constant LR + the EMA bank to `horizon`, evaluated and checkpointed where the WSD
+        branches start."""
         branch_points = tuple(
             (1 - share) * h for h in self.horizons for share, _, _ in WSD.values()
         )
         return self._variant(
-            optimizer={"lr": self.adamw_lr},
+            optimizer={"lr": lr},
             schedule={"kind": "constant"},
             ema=self._bank(),
-            budget={"horizon": self.top, "eval_at": self._milestones(self.top, branch_points)},
+            budget={"horizon": horizon, "eval_at": self._milestones(horizon, branch_points)},
             checkpoint={"keep": 10_000, "every_windows": 0},  # the WSD branch points stay
+            branch_from=branch_from,
         )
+
+    def constant_grid(self) -> GridSpec:
+        """The constant trunk's LR grid at the sweep's horizon, centred on the recipe's AdamW
+        LR (rule "tuned")."""
+        return GridSpec("constant", self.sweep_horizon, tuple(self.adamw_lr * f for f in GRID))
+
+    def trunk_lr(self, finished: dict[str, History]) -> float | None:
+        """The constant trunk's LR: the recipe's AdamW LR (rule "recipe"), or its grid's pick
+        by the bank's best once the grid has settled (None before)."""
+        if self.constant_lr == "recipe":
+            return self.adamw_lr
+        return self.constant_grid().pick(finished)
+
+    def trunk_run(self, point: float, finished: dict[str, History]) -> str | None:
+        """The seed-0 run a WSD branch at `point` (a Chinchilla multiple) starts from: the
+        grid's winner up to the sweep's horizon, its continuation (`constant`) after."""
+        lr = self.trunk_lr(finished)
+        if lr is None:
+            return None
+        before = point < self.sweep_horizon or math.isclose(point, self.sweep_horizon)
+        if self.constant_lr == "tuned" and before:
+            return self.constant_grid().run_name(lr)
+        return "constant"
 
     def horizon_aware(self, kind: str, horizon: float, lr: float) -> dict[str, Any]:
         schedule: dict[str, Any] = {"kind": kind, "horizon": horizon}
@@ -211,9 +228,10 @@ class TransferStudy:
             branch_from=branch_from,
         )
 
-    def wsd(self, prefix: str, horizon: float, trunk: Path) -> dict[str, Any]:
+    def wsd(self, prefix: str, horizon: float, trunk: Path, lr: float) -> dict[str, Any]:
+        """The WSD branch `prefix` at `horizon` off the trunk of LR `lr` at `trunk`."""
         share, cooldown, floor = WSD[prefix]
-        run = copy.deepcopy(self.constant())
+        run = self.trunk(lr, self.top)
         run["schedule"].update(
             kind="wsd", horizon=horizon, decay_fraction=share, floor=floor, cooldown=cooldown
         )
@@ -283,7 +301,17 @@ class TransferStudy:
             out += [g for h in self.horizons if (g := self.grid(kind, h, finished))]
         if "schedulefree" in self.methods:
             out.append(self.schedulefree_grid())
+        if self.has_trunk and self.constant_lr == "tuned":
+            out.append(self.constant_grid())
         return out
+
+    def grid_run(self, spec: GridSpec, lr: float) -> dict[str, Any]:
+        """The config of grid `spec`'s run at `lr`."""
+        if spec.kind == "schedulefree":
+            return self.schedulefree(lr, spec.horizon, None)
+        if spec.kind == "constant":
+            return self.trunk(lr, spec.horizon)
+        return self.horizon_aware(spec.kind, spec.horizon, lr)
 
     def schedulefree_grid(self) -> GridSpec:
         """Schedule-free AdamW's LR is picked at the sweep's horizon, like the recipe's."""
@@ -305,92 +333,51 @@ class TransferStudy:
         runs: dict[str, dict[str, Any]] = {}
         if "recipe" in self.methods:
             runs["recipe"] = self.recipe()
-        if "constant" in self.methods or "wsd" in self.methods:
-            runs["constant"] = self.constant()
         for spec in self.grids(finished):
             for lr in spec.to_run(finished):
-                runs[spec.run_name(lr)] = spec.config(self, lr)
+                runs[spec.run_name(lr)] = self.grid_run(spec, lr)
         # Branches and continuations look their checkpoint up only while they are to run: an
         # ended one needs nothing of its trunk (whose checkpoints may be pruned since).
-        if "wsd" in self.methods and "constant" in finished:
-            for prefix, (share, _, _) in WSD.items():
-                for h in self.horizons:
-                    if (name := f"{prefix}-{h:g}x") not in done:
-                        trunk = checkpoint_at("constant", (1 - share) * h)
-                        runs[name] = self.wsd(prefix, h, trunk)
+        if self.has_trunk and "constant" not in done:
+            runs |= self._constant(finished, checkpoint_at)
+        if "wsd" in self.methods:
+            runs |= self._branches(finished, checkpoint_at, done)
         if "schedulefree" in self.methods and "schedulefree" not in done:
             spec = self.schedulefree_grid()
-            best = spec.state(finished).best_lr
-            if not spec.to_run(finished) and best is not None and self.top > spec.horizon:
+            best = spec.pick(finished)
+            if best is not None and self.top > spec.horizon:
                 start = checkpoint_at(spec.run_name(best), spec.horizon)
                 runs["schedulefree"] = self.schedulefree(best, self.top, str(start))
         for name, config in runs.items():  # validated here, not inside a trial
             parse(TrainConfig, config, f"transfer run {name}")
         return {name: config for name, config in runs.items() if name not in done}
 
+    def _constant(self, finished: dict[str, History], checkpoint_at: CheckpointAt) -> dict:
+        """The constant trunk to the largest horizon: at once at the recipe's AdamW LR, or, by
+        the "tuned" rule, once its grid has picked, continued from the winner's checkpoint."""
+        lr = self.trunk_lr(finished)
+        if lr is None:
+            return {}
+        if self.constant_lr == "recipe":
+            return {"constant": self.trunk(lr, self.top)}
+        winner = self.constant_grid().run_name(lr)
+        start = checkpoint_at(winner, self.sweep_horizon)
+        return {"constant": self.trunk(lr, self.top, str(start))}
 
-def canonical(lr: float) -> float:
-    """An LR as its run's name spells it (6 significant digits): names and grids agree."""
-    return float(f"{lr:.6g}")
-
-
-@dataclass(frozen=True)
-class GridSpec:
-    """One LR grid: a schedule kind at one horizon, and the LRs it starts from."""
-
-    kind: str
-    horizon: float
-    start: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "start", tuple(canonical(lr) for lr in self.start))
-
-    @property
-    def prefix(self) -> str:
-        if self.kind == "schedulefree":
-            return "schedulefree-lr"
-        return f"{self.kind}-{self.horizon:g}x-lr"
-
-    def run_name(self, lr: float) -> str:
-        return f"{self.prefix}{canonical(lr):.6g}"
-
-    def lr_of(self, name: str) -> float | None:
-        if not name.startswith(self.prefix):
-            return None
-        try:
-            return canonical(float(name.removeprefix(self.prefix)))
-        except ValueError:
-            return None
-
-    def config(self, study: TransferStudy, lr: float) -> dict[str, Any]:
-        if self.kind == "schedulefree":
-            return study.schedulefree(lr, self.horizon, None)
-        return study.horizon_aware(self.kind, self.horizon, lr)
-
-    def losses(self, finished: dict[str, History], score: str = "last") -> dict[float, float]:
-        """LR -> loss at the grid's horizon of each finished run of the grid: its last
-        iterate (`last`) or its bank's best member (`ema`); NaN where it did not get there."""
-        out = {}
-        for name, history in finished.items():
-            lr = self.lr_of(name)
-            if lr is None:
-                continue
-            row = at_horizon(history, self.horizon)
-            if row is None:
-                out[lr] = math.nan
-            else:
-                out[lr] = last_iterate(row) if score == "last" else best_of_bank(row)[0]
-        return out
-
-    def state(self, finished: dict[str, History], score: str = "last") -> GridState:
-        return grid_state(self.start, self.losses(finished, score), MAX_EXTENSIONS)
-
-    def to_run(self, finished: dict[str, History]) -> list[float]:
-        """The LRs of this grid to run now: every unfinished start point, else the next
-        extension by either scoring (the last iterate's envelope and the best EMA's both need
-        an interior optimum)."""
-        missing = [lr for lr in self.start if self.run_name(lr) not in finished]
-        if missing:
-            return missing
-        steps = {s.next_lr for s in (self.state(finished), self.state(finished, "ema"))}
-        return sorted(canonical(lr) for lr in steps if lr is not None)
+    def _branches(
+        self, finished: dict[str, History], checkpoint_at: CheckpointAt, done: set[str]
+    ) -> dict:
+        """Every WSD branch not yet run whose trunk (the run its branch point lies on) has
+        finished."""
+        runs: dict[str, dict[str, Any]] = {}
+        lr = self.trunk_lr(finished)
+        if lr is None:
+            return runs
+        for prefix, (share, _, _) in WSD.items():
+            for h in self.horizons:
+                point = (1 - share) * h
+                trunk = self.trunk_run(point, finished)
+                name = f"{prefix}-{h:g}x"
+                if name not in done and trunk in finished:
+                    runs[name] = self.wsd(prefix, h, checkpoint_at(trunk, point), lr)
+        return runs

@@ -32,7 +32,8 @@ from schedule_search.sweep.driver import run_tune
 from schedule_search.sweep.live_view import LiveView
 from schedule_search.sweep.ray_env import ray_session
 from schedule_search.train.config import TrainConfig
-from schedule_search.transfer.plan import METHODS, WSD, History, TransferStudy
+from schedule_search.transfer.plan import CONSTANT_LR, METHODS, WSD, TransferStudy
+from schedule_search.transfer.scores import History
 from schedule_search.transfer.seeds import pending_with_seeds
 
 __all__ = [
@@ -117,19 +118,34 @@ def continuation(sweep: Experiment, trial_id: str, base: TrainConfig, workers: i
 
 
 def build_study(
-    sweep: Experiment, settings: SweepSettings, horizons: list[float], methods: list[str]
+    sweep: Experiment,
+    settings: SweepSettings,
+    horizons: list[float],
+    methods: list[str],
+    constant_lr: str = CONSTANT_LR[0],
 ) -> tuple[TransferStudy, str]:
-    """The transfer of the sweep's recipe to `horizons` on `settings.workers` workers."""
+    """The transfer of the sweep's recipe to `horizons` on `settings.workers` workers, its
+    constant trunk's LR chosen by the rule `constant_lr`."""
     base, trial_id = transfer_base(sweep, settings.workers)
     start = continuation(sweep, trial_id, base, settings.workers) if "recipe" in methods else None
     study = TransferStudy(
-        base, horizons, methods, base.budget.horizon, start, trial_id if start else None
+        base,
+        horizons,
+        methods,
+        base.budget.horizon,
+        start,
+        trial_id if start else None,
+        constant_lr,
     )
     study.pending({}, lambda run, multiple: Path())  # every first-round config is valid
+    if study.has_trunk:  # the trunk continued once its grid has picked: checked now
+        trunk = study.trunk(study.adamw_lr, study.top, "." if constant_lr == "tuned" else None)
+        parse(TrainConfig, trunk, "transfer run constant")
     if "wsd" in methods:  # built once the constant run has ended, hours in: checked now
         for prefix in WSD:
             for h in study.horizons:
-                parse(TrainConfig, study.wsd(prefix, h, Path()), f"transfer run {prefix}-{h:g}x")
+                branch = study.wsd(prefix, h, Path(), study.adamw_lr)
+                parse(TrainConfig, branch, f"transfer run {prefix}-{h:g}x")
     return study, trial_id
 
 
@@ -156,10 +172,11 @@ def run_transfer(
     methods: list[str],
     resume: bool,
     seeds: int = 1,
+    constant_lr: str = CONSTANT_LR[0],
 ) -> TransferOutcome:
     """Run (or resume) the transfer study of `sweep` to its end, with `seeds` seeds of every
     row (`transfer.seeds`)."""
-    study, trial_id = build_study(sweep, settings, horizons, methods)
+    study, trial_id = build_study(sweep, settings, horizons, methods, constant_lr)
     root = sweep.root / "transfer"
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(
@@ -175,6 +192,7 @@ def run_transfer(
                 "concurrency": settings.concurrency,
                 "seeds": seeds,
                 "held_out": SHARED_HELD_OUT,
+                "constant_lr": study.constant_lr,
             },
             indent=1,
         ),

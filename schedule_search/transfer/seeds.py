@@ -1,10 +1,10 @@
 """Seeds of a transfer study: what a single run cannot tell apart from noise.
 
 A study of K seeds trains every row again with seeds 1..K-1 (the config's `seed`: the model's
-initialization and the order of the training data): the recipe, constant +
-EMA and its WSD branches, schedule-free AdamW at the LR its grid picked, and for each envelope
-kind and horizon the LR its grid picked (the grids themselves are seed 0 alone: they choose,
-the seeds measure). A replica is named after its seed-0 run (`cosine-8x-lr0.0079@seed2`) and
+initialization and the order of the training data): the recipe, constant + EMA (at the LR its
+grid picked) and its WSD branches, schedule-free AdamW at the LR its grid picked, and for each
+envelope kind and horizon the LR its grid picked (the grids themselves are seed 0 alone: they
+choose, the seeds measure). A replica is named after its seed-0 run (`cosine-8x-lr0.0079@seed2`) and
 starts once that run's choice is settled; every replica trains from token 0 (the sweep's
 checkpoint the recipe continues from is seed 0's), WSD replicas branch off their own seed's
 trunk. Every run, whatever its seed, is scored on the task's one held-out sample, and gaps
@@ -18,7 +18,8 @@ from typing import Any
 
 from schedule_search.core.config import parse
 from schedule_search.train.config import TrainConfig
-from schedule_search.transfer.plan import WSD, CheckpointAt, History, TransferStudy
+from schedule_search.transfer.plan import WSD, CheckpointAt, TransferStudy
+from schedule_search.transfer.scores import History
 
 __all__ = ["SEED_MARK", "pending_with_seeds", "seed_of", "seeded"]
 
@@ -44,18 +45,18 @@ def _with_seed(config: dict[str, Any], study: TransferStudy, seed: int) -> dict[
 
 def _settled_runs(study: TransferStudy, finished: dict[str, History]) -> dict[str, dict[str, Any]]:
     """Seed-0 run name -> the config its replicas train, for every row whose choice is settled:
-    the recipe and the trunk at once, schedule-free once its grid has picked an LR (trained
-    from token 0 to the largest horizon), each envelope grid's last-iterate best once the grid
-    needs no more runs."""
+    the recipe at once; the constant trunk and schedule-free once each has its LR (trained
+    from token 0 to the largest horizon); each envelope grid's pick once the grid needs no
+    more runs."""
     out: dict[str, dict[str, Any]] = {}
     if "recipe" in study.methods:
         out["recipe"] = {**study.recipe(), "branch_from": None}
-    if "constant" in study.methods or "wsd" in study.methods:
-        out["constant"] = study.constant()
+    trunk_lr = study.trunk_lr(finished) if study.has_trunk else None
+    if trunk_lr is not None:
+        out["constant"] = study.trunk(trunk_lr, study.top)
     if "schedulefree" in study.methods:
-        spec = study.schedulefree_grid()
-        best = spec.state(finished).best_lr
-        if not spec.to_run(finished) and best is not None:
+        best = study.schedulefree_grid().pick(finished)
+        if best is not None:
             out["schedulefree"] = study.schedulefree(best, study.top, None)
     for kind in study.envelope_kinds:
         for h in study.horizons:
@@ -64,7 +65,7 @@ def _settled_runs(study: TransferStudy, finished: dict[str, History]) -> dict[st
                 continue
             best = grid.state(finished).best_lr
             if best is not None:
-                out[grid.run_name(best)] = grid.config(study, best)
+                out[grid.run_name(best)] = study.grid_run(grid, best)
     return out
 
 
@@ -79,17 +80,19 @@ def pending_with_seeds(
     runs = study.pending(finished, checkpoint_at, ended)
     if seeds <= 1:
         return runs
+    trunk_lr = study.trunk_lr(finished) if study.has_trunk else None
     done = finished.keys() | ended
     settled = _settled_runs(study, finished)
     for seed in range(1, seeds):
         for name, config in settled.items():
             runs[seeded(name, seed)] = _with_seed(config, study, seed)
         trunk = seeded("constant", seed)
-        if "wsd" in study.methods and trunk in finished:
+        if "wsd" in study.methods and trunk in finished and trunk_lr is not None:
             for prefix, (share, _, _) in WSD.items():
                 for h in study.horizons:
                     if (name := seeded(f"{prefix}-{h:g}x", seed)) not in done:
-                        branch = study.wsd(prefix, h, checkpoint_at(trunk, (1 - share) * h))
+                        start = checkpoint_at(trunk, (1 - share) * h)
+                        branch = study.wsd(prefix, h, start, trunk_lr)
                         runs[name] = _with_seed(branch, study, seed)
     for name, config in runs.items():  # validated here, not inside a trial
         parse(TrainConfig, config, f"transfer run {name}")

@@ -20,15 +20,17 @@ from schedule_search.core.schedules import Warmup, Wsd
 from schedule_search.recipe import load_recipe
 from schedule_search.store.experiment import Experiment
 from schedule_search.train.config import TrainConfig
+from schedule_search.train.evaluation import Evaluation
 from schedule_search.train.launch import run_local
 from schedule_search.transfer.run import continuation, run_names, transfer_base
+from schedule_search.transfer.scores import best_of_bank
 from schedule_search.transfer.seeds import seed_of, seeded
 
 #: A user's task module: linreg whose runs of seed 1 hold their first micro-batch while the file
-#: `hold` names exists. A round starts its runs longest first, a run before its replicas of
-#: the same length (`constant` before `constant@seed1`), so the first run started is seed 0's
-#: trunk: once it has completed, a replica started meanwhile waits before its first
-#: evaluation for as long as the test needs (the moment of the kill below), at no CPU.
+#: `hold` names exists. A round starts its runs longest first: the first started is the
+#: recipe's seed-1 replica (it trains from token 0; the recipe itself continues from the
+#: sweep's horizon), which waits before its first evaluation for as long as the test needs
+#: (the moment of the kill below, once another run has completed), at no CPU.
 GATED_TASK = """
 import os
 import time
@@ -201,7 +203,7 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch, capfd):
     runs = check_every_run_is_audited(root, table)
     check_envelopes(table, runs)
     check_the_recipe_continued(sweep, root, table, runs)
-    check_wsd_branches(runs)
+    check_wsd_branches(runs, check_constant_grid(table, runs))
     check_seeds(table, runs)
 
 
@@ -285,17 +287,42 @@ def check_the_recipe_continued(sweep: Experiment, root: Path, table: dict, runs:
     assert continued[-1]["tokens"] == history[-1]["tokens"]
 
 
-def check_wsd_branches(runs: dict) -> None:
-    """Each seed's branches start from its own trunk's checkpoint."""
+def check_constant_grid(table: dict, runs: dict) -> str:
+    """Constant + EMA's LR is its grid's best at 1x by the bank's best (every EMA member and
+    the raw weights), and its run continues from that run's checkpoint at 1x; the grid's
+    winner (returned) is seed 0's trunk up to there."""
+    by_bank = {}
+    for name, (phase, trial) in runs.items():
+        if name.startswith("constant-lr"):
+            last = phase.read_trial_json(trial, "metrics.json")[-1]
+            assert last["chinchilla"] == 1.0
+            by_bank[name] = best_of_bank(Evaluation.from_metrics(last))[0]
+    assert len(by_bank) >= 3
+    winner = min(by_bank, key=by_bank.get)
+    phase, trial = runs["constant"]
+    start = Path(phase.read_trial_json(trial, "config.json")["config"]["branch_from"])
+    winner_phase, winner_trial = runs[winner]
+    assert start.parent == winner_phase.train_run_dir(winner_trial)
+    assert ckpt.load_state(start)["progress"]["status"] == "completed"  # its end, at 1x
+    row = table["rows"]["constant + EMA (best of bank)"]
+    assert row["loss"]["1"] == by_bank[winner]
+    return winner
+
+
+def check_wsd_branches(runs: dict, winner: str) -> None:
+    """Each seed's branches start from its own trunk's checkpoint: seed 0's from the constant
+    grid's `winner` up to 1x, and from its continuation after."""
     for run in [n for n in runs if n.startswith("wsd")]:
-        phase, constant = runs[seeded("constant", seed_of(run)[1])]
-        checkpoints = ckpt.checkpoint_folders(phase.train_run_dir(constant))
         branch_phase, trial_id = runs[run]
         config = parse(
             TrainConfig, branch_phase.read_trial_json(trial_id, "config.json")["config"], run
         )
         h = config.schedule.horizon
         share = config.schedule.decay_fraction
+        seed = seed_of(run)[1]
+        trunk = winner if seed == 0 and (1 - share) * h <= 1.0 else seeded("constant", seed)
+        phase, constant = runs[trunk]
+        checkpoints = ckpt.checkpoint_folders(phase.train_run_dir(constant))
         assert (share, config.schedule.cooldown) in ((0.1, "linear"), (0.2, "sqrt"))
         branch_tokens = (1 - share) * h * 20 * 64
         expected = min(

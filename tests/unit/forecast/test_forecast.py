@@ -2,6 +2,9 @@
 the curves, a horizon-free run's forecast knows no horizon, the recipe is continued along its
 own curve where it has one, and too few curves are refused in one line."""
 
+import json
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from helpers import strict_loads
@@ -9,7 +12,7 @@ from helpers import strict_loads
 from schedule_search.cli import main
 from schedule_search.core.schedules import ScheduleConfig
 from schedule_search.forecast import LossLaw, Run, fit_law
-from schedule_search.forecast.law import Curve
+from schedule_search.forecast.law import Curve, with_schedule
 from schedule_search.forecast.own_curve import (
     PowerCurve,
     continue_curve,
@@ -217,21 +220,41 @@ def rewrite_objective(experiment: Experiment, trial_id: str, losses: dict[float,
     experiment.write_trial_json(trial_id, "result.json", {**result, "val_loss": losses[4.0]})
 
 
+def constant_forecast_lr(experiment: Experiment, launched: dict | None) -> float:
+    """The LR `forecast` puts constant + EMA at (to 8x), the sweep's transfer launched as
+    `launched` (None: no transfer yet)."""
+    if launched is not None:
+        (experiment.root / "transfer").mkdir(exist_ok=True)
+        (experiment.root / "transfer" / "launch.json").write_text(json.dumps(launched))
+    storage = str(experiment.root.parent)
+    assert main(["forecast", experiment.root.name, "--storage", storage, "--to", "8"]) == 0
+    document = strict_loads((experiment.root / "forecast" / "forecast.json").read_text())
+    return document["rows"]["constant + EMA (best EMA)"]["8"]["lr"]
+
+
 def test_constant_ema_is_forecast_at_the_lr_the_transfer_trains_it_at(tmp_path):
-    """A schedule-free recipe's constant + EMA run trains with AdamW at the recipe's LR over
-    sqrt(10) (`TransferStudy.adamw_lr`): its forecast is at that LR, or its error beside the
-    measured cell would compare two runs."""
+    """Constant + EMA trains with AdamW around the recipe's AdamW LR (a schedule-free
+    recipe's over sqrt(10), `TransferStudy.adamw_lr`): a transfer launched now at the LR of
+    its grid (x0.5-x2, extended to x1/8-x8) best at the sweep's horizon, one launched before
+    that rule at the recipe's AdamW LR itself. Its forecast is at the LR its transfer trains,
+    or its error beside the measured cell would compare two runs."""
     runs = sweep_like_runs()
-    at_4x = [TRUTH.predict(run, [4.0])[0] for run in runs]
-    best = int(np.argmin(at_4x))
+    best = int(np.argmin([TRUTH.predict(run, [4.0])[0] for run in runs]))
+    recipe_lr = runs[best].lr  # 1e-2, the exported trial's
+    # AdamW's constant + EMA is best near a quarter of the recipe's LR by the law that made
+    # the curves: the grid, extended, would get there.
+    constant = with_schedule(runs[best], kind="constant")
+    lattice = [recipe_lr * f for f in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)]
+    truth = [TRUTH.predict(replace(constant, lr=lr), [4.0])[0] for lr in lattice]
+    assert int(np.argmin(truth)) == 1
+    adamw = write_sweep(tmp_path / "runs" / "aw", runs, EVAL_AT)
+    assert constant_forecast_lr(adamw, None) == pytest.approx(recipe_lr / 4)
+    assert constant_forecast_lr(adamw, {"constant_lr": "tuned"}) == pytest.approx(recipe_lr / 4)
+    assert constant_forecast_lr(adamw, {"seeds": 3}) == pytest.approx(recipe_lr)  # before
     schedule_free = {best, *[i for i in range(len(runs)) if i != best][:3]}  # 16 evaluations
     optimizers = dict.fromkeys(schedule_free, "schedulefree_adamw")
-    experiment = write_sweep(tmp_path / "runs" / "sf", runs, EVAL_AT, optimizers)
-    assert main(["forecast", "sf", "--storage", str(tmp_path / "runs"), "--to", "8"]) == 0
-    document = strict_loads((experiment.root / "forecast" / "forecast.json").read_text())
-    assert document["recipe_trial"] == f"t{best:04d}"
-    constant = document["rows"]["constant + EMA (best EMA)"]["8"]
-    assert constant["lr"] == pytest.approx(runs[best].lr / np.sqrt(10.0))
+    free = write_sweep(tmp_path / "runs" / "sf", runs, EVAL_AT, optimizers)
+    assert constant_forecast_lr(free, {"seeds": 3}) == pytest.approx(recipe_lr / np.sqrt(10.0))
 
 
 def test_too_few_curves_are_refused_in_one_line(tmp_path, capsys):

@@ -30,7 +30,7 @@ FORECAST = {
 
 
 def test_each_forecast_stands_beside_the_row_it_predicts_with_its_error():
-    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "constant", "cosine"], 1.0)
+    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "constant", "cosine"], 1.0, constant_lr="recipe")
     runs = {
         "recipe": history((1.0, 0.97), (2.0, 0.91), key="val_loss_ema/0.04"),
         "constant": history((1.0, 1.05), (2.0, 1.00)),
@@ -72,8 +72,8 @@ def test_a_forecast_is_read_only_for_the_recipe_it_was_made_for(tmp_path):
 
 
 def test_the_transfer_report_shows_the_forecast_of_its_own_recipe_only(tmp_path):
-    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "constant", "cosine"], 1.0)
-    configs = {"recipe": s.recipe(), "constant": s.constant()}
+    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "constant", "cosine"], 1.0, constant_lr="recipe")
+    configs = {"recipe": s.recipe(), "constant": s.trunk(s.adamw_lr, s.top)}
     runs = {
         "recipe": history((1.0, 0.97), (2.0, 0.91), key="val_loss_ema/0.04"),
         "constant": history((1.0, 1.05), (2.0, 1.00)),
@@ -82,7 +82,7 @@ def test_the_transfer_report_shows_the_forecast_of_its_own_recipe_only(tmp_path)
         spec = s.grid("cosine", h, runs)
         for lr, loss in zip(spec.start, (1.3, 1.0, 1.4), strict=True):
             runs[spec.run_name(lr)] = history((h, loss))
-            configs[spec.run_name(lr)] = spec.config(s, lr)
+            configs[spec.run_name(lr)] = s.grid_run(spec, lr)
     records = {name: RunRecord(runs[name], configs[name], f"round1/{name}") for name in runs}
     sweep = tmp_path / "lt"
     root = sweep / "transfer"

@@ -12,7 +12,7 @@ from schedule_search.report.transfer import transfer_table
 from schedule_search.transfer.plan import TransferStudy
 from schedule_search.transfer.seeds import seeded
 
-STUDY = TransferStudy(BASE, [1.0], ["recipe", "constant", "cosine"], 1.0)
+STUDY = TransferStudy(BASE, [1.0], ["recipe", "constant", "cosine"], 1.0, constant_lr="recipe")
 
 
 def table(recipe: list[float], constant: list[float]) -> dict:

@@ -32,19 +32,22 @@ def state(train_dir: Path, tokens: int) -> Path:
     return path.parent
 
 
-def build(tmp_path: Path, branches_finished: bool) -> None:
+def build(tmp_path: Path, branches_finished: bool, methods: list[str] | None = None) -> None:
     root = tmp_path / "runs" / "s"
     start = state(root / "train" / "run-sweep", 40)
     state(root / "train" / "run-sweep", 20)
     (root / "transfer").mkdir()
     (root / "ray_token").write_text("secret")  # a killed transfer's local Ray left it
     plan = {"continued_from": str(start), "horizons": [1.0, 2.0]}
+    if methods is not None:
+        plan["methods"] = methods
     (root / "transfer" / "launch.json").write_text(json.dumps(plan))
     first, second = root / "transfer" / "round1", root / "transfer" / "round2"
     trial(first, "a", "constant", [10, 20, 30], finished=True)
     trial(first, "b", "cosine-1x-lr0.1", [10, 20], finished=True)
     trial(second, "c", "cosine-2x-lr0.1", [10, 20], finished=False)
     trial(first, "f", "schedulefree-lr0.1", [5], finished=True)
+    trial(first, "k", "constant-lr0.1", [3, 4], finished=True)  # the trunk's grid
     trial(second, "g", "schedulefree", [], finished=branches_finished)
     for i, h in enumerate((1, 2)):
         trial(second, f"w{i}", f"wsd-{h}x", [], finished=True)
@@ -70,8 +73,11 @@ def checkpoints(names: list[str]) -> set[str]:
 def test_only_the_checkpoints_the_rest_of_the_study_needs_are_packed(tmp_path):
     build(tmp_path / "open", branches_finished=False)
     names = packed(tmp_path / "open")
-    # The recipe's start, the unfinished runs' newest, and the trunks whose branches are open.
+    # The recipe's start, the unfinished runs' newest, the trunks whose branches are open, and
+    # the grids whose winner is to be continued or branched from.
     assert checkpoints(names) == {
+        "run-k@3",
+        "run-k@4",
         "run-sweep@40",
         "run-c@20",
         "run-a@10",
@@ -89,6 +95,10 @@ def test_only_the_checkpoints_the_rest_of_the_study_needs_are_packed(tmp_path):
     build(tmp_path / "closed", branches_finished=True)
     names = packed(tmp_path / "closed")
     assert checkpoints(names) == {"run-sweep@40", "run-c@20"}
+    # A study without WSD branches off nothing: once constant + EMA has been continued, its
+    # grid's checkpoints are left behind whatever else is open.
+    build(tmp_path / "no-wsd", branches_finished=False, methods=["constant", "schedulefree"])
+    assert not {c for c in checkpoints(packed(tmp_path / "no-wsd")) if c.startswith("run-k@")}
 
 
 def test_the_token_left_out_is_the_file_the_local_ray_writes():

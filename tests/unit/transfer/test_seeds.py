@@ -20,8 +20,10 @@ from schedule_search.transfer.run import RunRecord
 from schedule_search.transfer.seeds import pending_with_seeds, seed_of, seeded
 
 
-def study(methods=ALL) -> TransferStudy:
-    return TransferStudy(BASE, [1.0, 2.0], methods, 1.0, "/sweep/checkpoint_1")
+def study(methods=ALL, constant_lr="tuned") -> TransferStudy:
+    return TransferStudy(
+        BASE, [1.0, 2.0], methods, 1.0, "/sweep/checkpoint_1", constant_lr=constant_lr
+    )
 
 
 def checkpoints(asked):
@@ -46,15 +48,17 @@ def test_replicas_start_once_their_choice_is_settled_and_train_from_token_0():
         recipe = first[f"recipe@seed{seed}"]
         assert recipe["seed"] == BASE.seed + seed and recipe["branch_from"] is None
         assert recipe["optimizer"] == first["recipe"]["optimizer"]
-        assert first[f"constant@seed{seed}"]["seed"] == BASE.seed + seed
-    # The grids are seed 0's alone, and no grid has chosen yet: no replica of a grid run.
-    assert not [n for n in first if "@seed" in n and not n.startswith(("recipe", "constant"))]
+    # The grids are seed 0's alone, and no grid has chosen yet: no replica of a grid run, nor
+    # of the constant trunk, whose LR its grid picks.
+    assert not [n for n in first if "@seed" in n and not n.startswith("recipe")]
     assert pending_with_seeds(s, 1, {}, checkpoints([])) == s.pending({}, checkpoints([]))
 
-    # The 1x grids settle (interior bests): their best LR's replicas start, and schedule-free's.
+    # The 1x grids settle (interior bests): their best LR's replicas start, schedule-free's and
+    # the constant trunk's.
     finished = {name: history((1.0, 1.0)) for name in first if "@seed" not in name}
-    for name, loss in (("cosine-1x-lr0.1", 0.5), ("linear-1x-lr0.1", 0.6)):
+    for name, loss in (("cosine-1x-lr0.1", 0.5), ("linear-1x-lr0.1", 0.6), ("constant-lr0.2", 0.7)):
         finished[name] = history((1.0, loss))
+    finished["constant-lr0.4"] = history((1.0, 0.8))  # its extension: 0.2 is interior
     grid = s.schedulefree_grid()
     finished[grid.run_name(grid.start[1])] = history((1.0, 0.4))
     finished["constant"] = history((1.0, 0.9), (2.0, 0.8))
@@ -69,8 +73,12 @@ def test_replicas_start_once_their_choice_is_settled_and_train_from_token_0():
         free = second[f"schedulefree@seed{seed}"]
         assert free["branch_from"] is None and free["budget"]["horizon"] == 2.0
         assert free["optimizer"]["lr"] == grid.start[1]
+    trunk = second["constant@seed2"]  # at the LR the grid picked (not the recipe's), from 0
+    assert trunk["seed"] == BASE.seed + 2 and trunk["branch_from"] is None
+    assert trunk["optimizer"]["lr"] == 0.2 and trunk["budget"]["horizon"] == 2.0
     # Seed 1's trunk has finished: its WSD branches start from its own checkpoints.
     assert second["wsd-2x@seed1"]["branch_from"] == "/ckpt/constant@seed1/1.8"
+    assert second["wsd-2x@seed1"]["optimizer"]["lr"] == 0.2
     assert second["wsd-2x@seed1"]["seed"] == BASE.seed + 1
     assert ("constant@seed1", 1.8) in asked and "wsd-2x@seed2" not in second
     # Nothing finished is pending again.
@@ -94,7 +102,7 @@ def test_the_table_over_seeds_pairs_each_gap_by_seed():
     """The recipe is 0.01 better than the envelope on every seed although the seeds' spread
     (0.05) is five times that: paired, the gap is -0.01 ± 0 (better); constant's gap swings
     around 0 (within noise)."""
-    s = TransferStudy(BASE, [1.0], ["recipe", "constant", "cosine"], 1.0)
+    s = TransferStudy(BASE, [1.0], ["recipe", "constant", "cosine"], 1.0, constant_lr="recipe")
     runs = {f"cosine-1x-lr{lr:g}": history((1.0, loss)) for lr, loss in ((0.05, 1.3), (0.2, 1.4))}
     base = [1.00, 1.05, 0.95]  # each seed's envelope: its start and data order set the level
     for seed, level in enumerate(base):
@@ -133,7 +141,7 @@ def test_the_table_over_seeds_pairs_each_gap_by_seed():
 def test_a_best_of_bank_row_reads_its_replicas_at_the_member_seed_0_chose():
     """Constant + EMA is scored by its bank's best member on seed 0; its replica is read at that
     member, not at whichever is best on its own evaluation (a selection no rival gets)."""
-    s = TransferStudy(BASE, [1.0], ["constant", "cosine"], 1.0)
+    s = TransferStudy(BASE, [1.0], ["constant", "cosine"], 1.0, constant_lr="recipe")
 
     def banked(raw: float, ema: float) -> list[Evaluation]:
         metrics = {"val_loss_raw": raw, "val_loss_ema/0.04": ema, "val_loss": min(raw, ema)}
@@ -151,7 +159,7 @@ def test_a_best_of_bank_row_reads_its_replicas_at_the_member_seed_0_chose():
 def test_seeds_without_an_envelope_still_give_means_and_no_verdict():
     """`--methods recipe,constant --seeds 2`: no envelope to pair with, so each row has its mean
     and interval, its gap NaN and no verdict; the table and its markdown are written."""
-    s = TransferStudy(BASE, [1.0], ["recipe", "constant"], 1.0)
+    s = TransferStudy(BASE, [1.0], ["recipe", "constant"], 1.0, constant_lr="recipe")
     runs = {}
     for seed, level in enumerate((1.0, 1.1)):
         runs[seeded("recipe", seed)] = history((1.0, level), key="val_loss_ema/0.04")
@@ -166,7 +174,7 @@ def test_seeds_without_an_envelope_still_give_means_and_no_verdict():
 def test_a_replayed_round_plans_its_replicas_again_and_runs_none_that_ended():
     """On resume a round is replayed from what finished before it: the replicas it planned are
     planned again, and those that ended in it are not pending."""
-    s = study(["recipe", "constant"])
+    s = study(["recipe", "constant"], constant_lr="recipe")
     first = pending_with_seeds(s, 2, {}, checkpoints([]))
     assert {"recipe@seed1", "constant@seed1"} <= set(first)
     replay = pending_with_seeds(s, 2, {}, checkpoints([]), frozenset({"recipe@seed1"}))
@@ -237,7 +245,7 @@ def test_an_exact_tie_in_a_grid_picks_the_run_whose_replicas_exist():
 
 
 def test_without_an_envelope_a_diverged_seed_is_counted_but_no_gap_is_called():
-    s = TransferStudy(BASE, [1.0], ["recipe", "constant"], 1.0)
+    s = TransferStudy(BASE, [1.0], ["recipe", "constant"], 1.0, constant_lr="recipe")
     runs = {}
     for seed, level in enumerate((1.0, 1.1, math.inf)):
         runs[seeded("recipe", seed)] = history((1.0, level), key="val_loss_ema/0.04")
@@ -313,7 +321,7 @@ def test_with_one_seed_a_run_that_diverged_before_a_horizon_is_marked_there_only
 def test_rows_that_diverged_at_one_horizon_are_marked_in_lanes_of_their_own():
     """Two rows diverged on every seed at 2x: each is marked there, one above the other, and
     neither at 1x, where they have gaps."""
-    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "constant", "cosine"], 1.0)
+    s = TransferStudy(BASE, [1.0, 2.0], ["recipe", "constant", "cosine"], 1.0, constant_lr="recipe")
     runs = {}
     for h in (1.0, 2.0):
         for lr, loss in ((0.05, 1.3), (0.2, 1.4)):

@@ -3,9 +3,11 @@ is written or Ray is asked anything; not hours in, when the run comes up in its 
 
 import json
 
+import pytest
 from helpers import one_trial_sweep
 
 from schedule_search.cli import main
+from schedule_search.core.config import ConfigError
 from schedule_search.transfer.launch import plan_launch
 from schedule_search.transfer.run import SHARED_HELD_OUT
 
@@ -58,6 +60,25 @@ def test_a_transfer_of_seeds_launched_before_the_shared_held_out_sample_is_not_r
     launched.write_text(json.dumps(before | {"held_out": SHARED_HELD_OUT}))
     launch = plan_launch(sweep, None, None, None, None)
     assert launch.resume and launch.seeds == 3
+
+
+def test_a_transfer_keeps_the_constant_lr_rule_it_was_launched_with(tmp_path):
+    """A new transfer tunes constant + EMA's LR on a grid; one launched before that rule was
+    recorded ran it at the recipe's LR, and resumes so (its rounds replay as planned)."""
+    sweep = one_trial_sweep(tmp_path / "runs" / "s", warmup=0.05)
+    assert plan_launch(sweep, [8.0], ["recipe", "constant"], None, None).constant_lr == "tuned"
+    launched = sweep.root / "transfer" / "launch.json"
+    launched.parent.mkdir()
+    before = {"horizons": [1.0, 8.0], "to": [8.0], "methods": ["constant"], "workers": 1}
+    launched.write_text(json.dumps(before))
+    assert plan_launch(sweep, None, None, None, None).constant_lr == "recipe"
+    launched.write_text(json.dumps(before | {"constant_lr": "tuned"}))
+    assert plan_launch(sweep, None, None, None, None).constant_lr == "tuned"
+    launched.write_text(json.dumps(before | {"constant_lr": "best"}))
+    with pytest.raises(
+        ConfigError, match=f"{launched}: constant_lr: expected one of tuned, recipe"
+    ):
+        plan_launch(sweep, None, None, None, None)
 
 
 def test_a_recipe_file_naming_no_trial_of_the_sweep_is_refused_in_one_line(tmp_path, capsys):

@@ -16,7 +16,7 @@ def test_the_one_seed_table_tells_a_diverged_cell_from_one_never_run(tmp_path):
     spec = s.grid("cosine", 1.0, runs)
     for lr, loss in zip(spec.start, (1.3, 1.0, 1.4), strict=True):
         runs[spec.run_name(lr)] = history((1.0, loss))
-        configs[spec.run_name(lr)] = spec.config(s, lr)
+        configs[spec.run_name(lr)] = s.grid_run(spec, lr)
     records = {name: RunRecord(runs[name], configs[name], f"round1/{name}") for name in runs}
     (tmp_path / "transfer").mkdir()
     write_transfer_report(tmp_path / "transfer", s, records, [])

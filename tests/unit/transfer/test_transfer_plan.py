@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schedule_search.core.config import parse, to_dict
+from schedule_search.core.config import ConfigError, parse, to_dict
 from schedule_search.report.transfer import transfer_table
 from schedule_search.train.config import TrainConfig
 from schedule_search.train.evaluation import Evaluation
@@ -53,11 +53,16 @@ def test_the_first_round_trains_the_recipe_the_trunk_and_the_grid_start_points()
     exported = {k: v for k, v in to_dict(BASE).items() if k not in ("budget", "branch_from")}
     assert {k: v for k, v in recipe.items() if k not in ("budget", "branch_from")} == exported
     assert recipe["schedule"]["gamma"] == 0.3 and recipe["ema"]["objective"] == 0.04
-    constant = first["constant"]
-    assert constant["schedule"]["kind"] == "constant"
-    # Both WSD branch points of every horizon are evaluations, so checkpoints, of the trunk.
-    assert {0.9, 1.8, 3.6, 0.8, 1.6, 3.2} <= set(constant["budget"]["eval_at"])
-    assert constant["checkpoint"]["keep"] >= len(constant["budget"]["eval_at"]) + 1
+    # Constant + EMA's LR is picked at the sweep's horizon on a grid around the recipe's LR;
+    # the WSD branch points before that horizon are evaluations, so checkpoints, of each run.
+    assert "constant" not in first
+    constant = {n: c for n, c in first.items() if n.startswith("constant-")}
+    assert sorted(constant) == ["constant-lr0.05", "constant-lr0.1", "constant-lr0.2"]
+    for c in constant.values():
+        assert c["schedule"]["kind"] == "constant" and c["budget"]["horizon"] == 1.0
+        assert c["ema"]["objective"] == 0.0 and len(c["ema"]["fractions"]) >= 7
+        assert {0.9, 0.8} <= set(c["budget"]["eval_at"])
+        assert c["checkpoint"]["keep"] >= len(c["budget"]["eval_at"]) + 1
     # Both horizon-aware grids at the first horizon are centred on the recipe's LR; the later
     # ones wait for the best LR of the horizon before.
     for kind in ("cosine", "linear"):
@@ -131,7 +136,11 @@ def test_grids_extend_at_an_edge_and_the_next_horizon_centres_on_the_best_of_bot
     assert alone.centre(2.0, finished) == 0.2
 
 
-def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
+def test_constant_lr_is_picked_by_its_banks_best_and_continued_and_wsd_branches_off_it():
+    """The constant trunk's grid at the sweep's horizon is scored like its row (the bank's
+    best, not the raw weights) and extended where that best is at an edge; the winner is
+    continued from its checkpoint at the sweep's horizon, and each WSD branch starts from the
+    grid's winner before that horizon and from the continuation after it."""
     s = study(methods=["constant", "schedulefree", "wsd"])
     asked = []
 
@@ -139,26 +148,39 @@ def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
         asked.append((run, round(multiple, 6)))
         return Path(f"/ckpt/{run}/{multiple:g}")
 
-    finished = {"constant": history((1.0, 1.0), (2.0, 0.9), (4.0, 0.8))}
+    def constant_run(raw, ema):
+        run = history((0.8, raw + 0.1), (0.9, raw + 0.05), (1.0, raw))
+        run[-1].losses[0.04] = ema
+        return run
+
+    # Raw weights would pick 0.05 (a low edge); the bank's best picks 0.2, at the high edge
+    # (the recipe's LR is 0.1): extended to 0.4 before anything branches off the grid.
+    finished = {
+        "constant-lr0.05": constant_run(1.00, 0.98),
+        "constant-lr0.1": constant_run(1.05, 0.96),
+        "constant-lr0.2": constant_run(1.10, 0.95),
+    }
     grid = s.schedulefree_grid()
     for lr, loss in zip(grid.start, (1.2, 1.0, 1.1), strict=True):
         finished[grid.run_name(lr)] = history((1.0, loss))
+    assert s.trunk_lr(finished) is None
+    assert sorted(s.pending(finished, checkpoint_at)) == ["constant-lr0.4", "schedulefree"]
+    finished["constant-lr0.4"] = constant_run(1.20, 0.97)
+    assert s.trunk_lr(finished) == 0.2
     runs = s.pending(finished, checkpoint_at)
-    assert sorted(runs) == [
-        "schedulefree",
-        "wsd-1x",
-        "wsd-2x",
-        "wsd-4x",
-        "wsd-sqrt-1x",
-        "wsd-sqrt-2x",
-        "wsd-sqrt-4x",
-    ]
-    assert ("constant", 3.6) in asked and ("constant", 3.2) in asked
-    sqrt = runs["wsd-sqrt-4x"]["schedule"]
+    assert sorted(runs) == ["constant", "schedulefree", "wsd-1x", "wsd-sqrt-1x"]
+    trunk = runs["constant"]
+    assert trunk["optimizer"]["lr"] == 0.2 and trunk["budget"]["horizon"] == 4.0
+    assert trunk["branch_from"] == "/ckpt/constant-lr0.2/1"
+    # The branch points after the sweep's horizon are evaluations, so checkpoints, of it.
+    assert {1.8, 3.6, 1.6, 3.2} <= set(trunk["budget"]["eval_at"])
+    assert runs["wsd-1x"]["branch_from"] == "/ckpt/constant-lr0.2/0.9"
+    assert runs["wsd-sqrt-1x"]["branch_from"] == "/ckpt/constant-lr0.2/0.8"
+    assert runs["wsd-1x"]["optimizer"]["lr"] == runs["wsd-sqrt-1x"]["optimizer"]["lr"] == 0.2
+    sqrt = runs["wsd-sqrt-1x"]["schedule"]
     assert sqrt["cooldown"] == "sqrt" and sqrt["decay_fraction"] == 0.2 and sqrt["floor"] == 0.0
-    linear = runs["wsd-4x"]["schedule"]
+    linear = runs["wsd-1x"]["schedule"]
     assert linear["cooldown"] == "linear" and linear["decay_fraction"] == 0.1
-    assert runs["wsd-4x"]["branch_from"] == "/ckpt/constant/3.6"
     continued = runs["schedulefree"]
     best = grid.start[1]  # the middle of its grid won at the sweep's horizon
     assert continued["optimizer"]["lr"] == best and continued["budget"]["horizon"] == 4.0
@@ -167,14 +189,50 @@ def test_wsd_branches_and_schedule_free_continue_from_checkpoints():
     # Replaying this round on resume, with what ended in it read back: the trunks'
     # checkpoints (pruned since) are not looked up, and nothing of it is pending again.
     assert s.pending(finished, no_checkpoints, frozenset(runs)) == {}
-    partly = s.pending(finished, checkpoint_at, frozenset(["wsd-4x", "schedulefree"]))
-    assert "wsd-4x" not in partly and "schedulefree" not in partly and "wsd-2x" in partly
+    partly = s.pending(finished, checkpoint_at, frozenset(["wsd-1x", "schedulefree"]))
+    assert sorted(partly) == ["constant", "wsd-sqrt-1x"]
 
-    # Once the branches and the continuation have finished, their trunks' checkpoints are
-    # not looked up again (they may have been pruned), and nothing is left to run.
     for name in runs:
+        finished[name] = history((1.8, 0.9), (3.2, 0.85), (3.6, 0.8), (4.0, 0.7))
+    later = s.pending(finished, checkpoint_at)
+    assert sorted(later) == ["wsd-2x", "wsd-4x", "wsd-sqrt-2x", "wsd-sqrt-4x"]
+    assert later["wsd-4x"]["branch_from"] == "/ckpt/constant/3.6"
+    assert {c["optimizer"]["lr"] for c in later.values()} == {0.2}
+    assert ("constant", 3.2) in asked
+    for name in later:
         finished[name] = history((4.0, 0.7))
     assert s.pending(finished, no_checkpoints) == {}
+
+
+def test_a_constant_grid_whose_banks_best_is_at_an_edge_is_extended_before_the_trunk_runs():
+    s = study(methods=["constant", "wsd"])
+
+    def constant_run(ema):
+        run = history((1.0, 1.0))
+        run[-1].losses[0.04] = ema
+        return run
+
+    finished = {f"constant-lr{lr:g}": constant_run(1.0 - lr) for lr in (0.05, 0.1, 0.2)}
+    assert s.trunk_lr(finished) is None
+    assert sorted(s.pending(finished, no_checkpoints)) == ["constant-lr0.4"]
+    finished["constant-lr0.4"] = constant_run(0.85)
+    assert s.trunk_lr(finished) == 0.2  # 0.4 is worse: 0.2 is interior
+
+
+def test_a_transfer_launched_before_the_tuned_rule_keeps_its_trunk_at_the_recipes_lr():
+    """A study resumed from a `launch.json` without `constant_lr` plans the runs it planned:
+    the trunk at the recipe's LR from the start, every WSD branch off it."""
+    s = study(methods=["constant", "wsd"], constant_lr="recipe")
+    first = s.pending({}, no_checkpoints)
+    assert sorted(first) == ["constant"]
+    assert first["constant"]["optimizer"]["lr"] == 0.1 and first["constant"]["branch_from"] is None
+    assert {0.9, 1.8, 3.6, 0.8, 1.6, 3.2} <= set(first["constant"]["budget"]["eval_at"])
+    finished = {"constant": history((1.0, 1.0), (2.0, 0.9), (4.0, 0.8))}
+    runs = s.pending(finished, lambda run, m: Path(f"/ckpt/{run}/{m:g}"))
+    assert sorted(runs) == [f"{p}-{h}x" for p in ("wsd", "wsd-sqrt") for h in (1, 2, 4)]
+    assert runs["wsd-1x"]["branch_from"] == "/ckpt/constant/0.9"
+    with pytest.raises(ConfigError, match="constant_lr: expected one of tuned, recipe"):
+        study(constant_lr="best")
 
 
 def test_the_table_scores_each_row_by_its_protocol_against_both_envelopes():
@@ -246,8 +304,47 @@ def test_a_schedule_free_recipe_is_its_own_row_and_the_references_train_adamw():
     assert first["recipe"]["optimizer"]["name"] == "schedulefree_adamw"
     assert not [name for name in first if name.startswith("schedulefree")]
     adamw_lr = 0.1 / math.sqrt(10)
-    for name in ("constant", "cosine-1x-lr0.0316228", "linear-1x-lr0.0632456"):
+    for name in ("constant-lr0.0316228", "cosine-1x-lr0.0316228", "linear-1x-lr0.0632456"):
         optimizer = first[name]["optimizer"]
         assert optimizer["name"] == "adamw" and tuple(optimizer["betas"]) == (0.9, 0.95)
         assert first[name]["schedule"]["warmup"] == 0.2  # the recipe's warmup
-    assert math.isclose(first["constant"]["optimizer"]["lr"], adamw_lr)
+    assert math.isclose(first["constant-lr0.0316228"]["optimizer"]["lr"], adamw_lr, rel_tol=1e-5)
+
+
+def test_the_constant_row_is_its_grids_winner_then_the_winners_continuation():
+    s = study(methods=["constant"])
+    runs = {}
+    for lr, ema in ((0.05, 0.98), (0.1, 0.95), (0.2, 0.99)):
+        runs[f"constant-lr{lr:g}"] = history((0.5, 1.2), (1.0, 1.1))
+        runs[f"constant-lr{lr:g}"][-1].losses[0.04] = ema
+    runs["constant"] = history((2.0, 0.9), (4.0, 0.8))
+    runs["constant"][0].losses[0.04] = 0.85
+    row = transfer_table(s, runs)["rows"]["constant + EMA (best of bank)"]
+    assert row["loss"] == {"1": 0.95, "2": 0.85, "4": 0.8}
+    assert row["compute"] == 3 * 1.0 + (4.0 - 1.0)  # the grid, then the continuation
+    assert row["note"] == "LR 0.1 picked at 1x from 3 runs by the bank's best"
+
+
+def test_a_constant_grid_that_diverged_everywhere_continues_nothing():
+    """No LR of the grid gave a finite loss: there is no trunk to continue or branch off (a
+    checkpoint of a diverged run is no start), and the study goes on without it."""
+    s = study(methods=["constant", "wsd"])
+    finished = {}
+    while pending := s.pending(finished, no_checkpoints):
+        finished |= {name: history((1.0, math.nan)) for name in pending}
+    assert sorted(finished) == sorted(
+        f"constant-lr{lr:g}" for lr in (0.0125, 0.025, 0.05, 0.1, 0.2)
+    )
+    assert s.trunk_lr(finished) is None
+
+
+def test_the_constant_row_says_where_its_grid_hit_a_bound():
+    s = study(methods=["constant"])
+    runs = {}
+    for lr in (0.05, 0.1, 0.2, 0.4, 0.8):  # better and better up to the bound, 0.8
+        runs[f"constant-lr{lr:g}"] = history((1.0, 1.0 - lr / 4))
+    runs["constant"] = history((2.0, 0.8), (4.0, 0.7))
+    assert s.constant_grid().state(runs).bound_hit == "high"
+    row = transfer_table(s, runs)["rows"]["constant + EMA (best of bank)"]
+    assert row["note"].startswith("LR 0.8 picked at 1x from 5 runs by the bank's best, at the")
+    assert "high bound" in row["note"]
