@@ -335,6 +335,9 @@ def _markdown(table: dict[str, Any]) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {compute} |")
     if marks:
         lines += ["", "\\* the best LR of this grid is at an edge the bound would not move."]
+    notes = [f"- {label}: {row['note']}" for label, row in table["rows"].items() if row["note"]]
+    if notes:
+        lines += ["", "How each row ran:", "", *notes]
     return "\n".join(lines) + "\n"
 
 

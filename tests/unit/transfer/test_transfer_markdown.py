@@ -25,3 +25,5 @@ def test_the_one_seed_table_tells_a_diverged_cell_from_one_never_run(tmp_path):
     envelope = next(line for line in lines if line.startswith("| cosine envelope (last"))
     assert recipe.split(" | ")[1:3] == ["0.9700 (-0.0300 / -0.0300)", "diverged"], recipe
     assert envelope.split(" | ")[2] == "n/a", envelope
+    # How each row ran is said under the table, not only in transfer.json.
+    assert "- recipe (anytime + EMA): EMA fraction 0.04" in lines, lines
