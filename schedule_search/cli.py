@@ -251,6 +251,14 @@ def _add_transfer(verbs) -> None:
         default=None,
         help="runs at once (default: the sweep's, or the resumed transfer's)",
     )
+    transfer.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        metavar="FOLDER",
+        help="an earlier transfer's folder (moved aside): every run this one plans under the "
+        "same name and config that ended there is copied, not trained again",
+    )
     _add_storage(transfer)
     transfer.set_defaults(handler=commands.transfer)
 

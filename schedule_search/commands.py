@@ -227,7 +227,9 @@ def transfer(args: argparse.Namespace) -> int:
     from schedule_search.transfer.run import Unfinished, run_transfer
 
     sweep = Experiment.named(args.name, args.storage)
-    launch = plan_launch(sweep, args.to, args.methods, args.workers, args.concurrency, args.seeds)
+    launch = plan_launch(
+        sweep, args.to, args.methods, args.workers, args.concurrency, args.seeds, args.reuse
+    )
     check_resources(launch.settings)
     again = _again("transfer", args.name, args.storage)
     with experiment_lock(sweep.root, "transfer"):
@@ -240,6 +242,7 @@ def transfer(args: argparse.Namespace) -> int:
                 launch.resume,
                 launch.seeds,
                 launch.constant_lr,
+                launch.reuse,
             )
         except TrialsFailed as err:
             hint = _continues(err, "transfer", args.name, args.storage)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from schedule_search.core.config import ConfigError
 from schedule_search.store.experiment import Experiment, SweepSettings
 from schedule_search.store.facts import read_facts
 from schedule_search.train.config import check_workers
 from schedule_search.transfer.plan import CONSTANT_LR, METHODS, constant_lr_of
+from schedule_search.transfer.reuse import read_donor
 from schedule_search.transfer.run import SHARED_HELD_OUT, build_study, transfer_base
 
 __all__ = ["DEFAULT_MULTIPLES", "TransferLaunch", "plan_launch"]
@@ -28,6 +30,7 @@ class TransferLaunch:
     resume: bool
     seeds: int = 1
     constant_lr: str = CONSTANT_LR[0]  # a resumed transfer's own rule
+    reuse: Path | None = None  # an earlier transfer's folder whose ended runs are copied
 
 
 def plan_launch(
@@ -37,6 +40,7 @@ def plan_launch(
     workers: int | None,
     concurrency: int | None,
     seeds: int | None = None,
+    reuse: Path | None = None,
 ) -> TransferLaunch:
     """Resolve and check a transfer's launch before Ray starts: every first run's config is
     built, and a resumed transfer keeps what it was launched with unless a flag says
@@ -79,4 +83,10 @@ def plan_launch(
             f"{before.get('seeds', 1)} seed(s) is there; this "
             "one would change its runs. Move that folder aside to run another"
         )
-    return TransferLaunch(settings, horizons, methods, launched.exists(), seeds, constant_lr)
+    reuse = reuse or (Path(before["reuse"]) if before.get("reuse") else None)
+    if reuse is not None:
+        reuse = reuse.resolve()
+        if reuse == launched.parent.resolve():
+            raise ConfigError(f"--reuse {reuse}: this transfer's own folder; move it aside first")
+        read_donor(reuse)  # a folder that is no transfer's is refused here
+    return TransferLaunch(settings, horizons, methods, launched.exists(), seeds, constant_lr, reuse)

@@ -12,8 +12,10 @@ and decides the same rounds after it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from schedule_search.sweep.live_view import LiveView
 from schedule_search.sweep.ray_env import ray_session
 from schedule_search.train.config import TrainConfig
 from schedule_search.transfer.plan import CONSTANT_LR, METHODS, WSD, TransferStudy
+from schedule_search.transfer.reuse import Donor, copy_ended_runs, read_donor
 from schedule_search.transfer.scores import History
 from schedule_search.transfer.seeds import pending_with_seeds
 
@@ -173,9 +176,11 @@ def run_transfer(
     resume: bool,
     seeds: int = 1,
     constant_lr: str = CONSTANT_LR[0],
+    reuse: Path | None = None,
 ) -> TransferOutcome:
     """Run (or resume) the transfer study of `sweep` to its end, with `seeds` seeds of every
-    row (`transfer.seeds`)."""
+    row (`transfer.seeds`), copying the runs the earlier transfer `reuse` ended
+    (`transfer.reuse`)."""
     study, trial_id = build_study(sweep, settings, horizons, methods, constant_lr)
     root = sweep.root / "transfer"
     root.mkdir(parents=True, exist_ok=True)
@@ -193,19 +198,37 @@ def run_transfer(
                 "seeds": seeds,
                 "held_out": SHARED_HELD_OUT,
                 "constant_lr": study.constant_lr,
+                "reuse": str(reuse) if reuse else None,
             },
             indent=1,
         ),
     )
-    with ray_session(settings, study.base.task, sweep.root):
-        records = _run_rounds(study, root, settings, resume, seeds)
+    donor = read_donor(reuse) if reuse else None
+    with contextlib.ExitStack() as stack:
+        # Ray starts where a round first has a run to train: a transfer whose runs are all
+        # copied (`--reuse`) or all ended (its report written again) starts none.
+        started: list[None] = []
+
+        def start_ray() -> None:
+            if not started:
+                stack.enter_context(ray_session(settings, study.base.task, sweep.root))
+                started.append(None)
+
+        records = _run_rounds(study, root, settings, resume, seeds, donor, start_ray)
     return TransferOutcome(root, study, records, read_records(sweep.trial_dir(trial_id)).history)
 
 
 def _run_rounds(
-    study: TransferStudy, root: Path, settings: SweepSettings, resume: bool, seeds: int
+    study: TransferStudy,
+    root: Path,
+    settings: SweepSettings,
+    resume: bool,
+    seeds: int,
+    donor: Donor | None,
+    start_ray: Callable[[], None],
 ) -> dict[str, RunRecord]:
-    """Every round until nothing is pending; what each run did."""
+    """Every round until nothing is pending (Ray started by `start_ray` before the first
+    that trains); what each run did."""
     finished: dict[str, History] = {}
     where: dict[str, tuple[Experiment, str]] = {}
 
@@ -222,12 +245,15 @@ def _run_rounds(
         # On resume a round is replayed: what ended in it is read back, not planned again.
         ended = frozenset(ended_runs(phase))
         pending = pending_with_seeds(study, seeds, finished, checkpoint_at, ended)
+        if donor is not None:
+            pending, ended = _copy_from(donor, phase, pending, ended)
         if not pending and not ended:
             break
         # Longest runs first (by what they train, a branch from where it starts): with runs in
         # parallel, a long run started last would train alone.
         names = sorted(pending, key=lambda n: (-study.length(pending[n]), n))
         if names:  # what ended in this round is not pending: only the rest runs
+            start_ray()
             run_tune(
                 phase,
                 settings,
@@ -253,6 +279,17 @@ def _run_rounds(
         )
         for name, (phase, trial) in where.items()
     }
+
+
+def _copy_from(
+    donor: Donor, phase: Experiment, pending: dict[str, Any], ended: frozenset[str]
+) -> tuple[dict[str, Any], frozenset[str]]:
+    """The round's pending runs and its ended ones once `donor`'s have been copied in."""
+    copied = copy_ended_runs(phase, pending, donor)
+    if copied:
+        print(f"{phase.root.name}: {len(copied)} run(s) copied from {donor.folder}", flush=True)
+    rest = {name: config for name, config in pending.items() if name not in copied}
+    return rest, ended | frozenset(copied)
 
 
 @dataclass

@@ -205,6 +205,27 @@ def test_small_transfer_on_linreg(tmp_path, monkeypatch, capfd):
     check_the_recipe_continued(sweep, root, table, runs)
     check_wsd_branches(runs, check_constant_grid(table, runs))
     check_seeds(table, runs)
+    check_reused(capfd, root, transfer, table)
+
+
+def check_reused(capfd, root: Path, transfer: list[str], table: dict) -> None:
+    """The same transfer launched again with `--reuse` of this one (moved aside) plans the same
+    runs under the same configs, branches off the same checkpoint files included: every run is
+    copied, none trained (no round starts a Tune experiment), and the table is the same."""
+    before = root.with_name("transfer.before")
+    root.rename(before)
+    again = cli_in_process(capfd, *transfer, "--reuse", str(before))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not list(root.glob("round*/tune")), "a run was trained again"
+    copied = read_runs(root)
+    assert set(copied) == set(read_runs(before))
+    for name, (phase, trial) in copied.items():
+        events = (phase.trial_dir(trial) / "events.jsonl").read_text().splitlines()
+        assert json.loads(events[-1])["event"] == "reused", name
+    rows = json.loads((root / "transfer.json").read_text())["rows"]
+    assert {label: row["loss"] for label, row in rows.items()} == {
+        label: row["loss"] for label, row in table["rows"].items()
+    }
 
 
 def read_runs(root: Path) -> dict:

@@ -9,6 +9,7 @@ from helpers import one_trial_sweep
 from schedule_search.cli import main
 from schedule_search.core.config import ConfigError
 from schedule_search.transfer.launch import plan_launch
+from schedule_search.transfer.plan import METHODS
 from schedule_search.transfer.run import SHARED_HELD_OUT
 
 
@@ -112,3 +113,25 @@ def test_horizons_short_of_the_sweeps_are_refused_in_one_line(tmp_path, capsys):
         assert err.count("\n") == 1, err
         assert "--to: expected horizons at or beyond the sweep's 1x, got 0.5" in err, err
     assert not (sweep.root / "transfer").exists(), "nothing may be written or launched"
+
+
+def test_a_reuse_folder_that_is_no_earlier_transfer_is_refused_in_one_line(tmp_path, capsys):
+    sweep = one_trial_sweep(tmp_path / "runs" / "r", warmup=0.05)
+    storage = str(tmp_path / "runs")
+    own = sweep.root / "transfer"
+    for folder, why in (
+        (tmp_path / "nowhere", "expected the folder of an earlier transfer"),
+        (own, "this transfer's own folder; move it aside first"),
+    ):
+        if folder == own:  # a transfer launched here before
+            (own / "round1" / "trials").mkdir(parents=True)
+            launched = {"horizons": [1.0, 8.0], "to": [8.0], "methods": list(METHODS)}
+            launched["workers"] = sweep.settings().workers
+            (own / "launch.json").write_text(json.dumps(launched))
+        capsys.readouterr()
+        assert (
+            main(["transfer", "r", "--to", "8", "--reuse", str(folder), "--storage", storage]) == 2
+        )
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--reuse {folder.resolve()}" in err and why in err, err
+    assert sorted(p.name for p in own.iterdir()) == ["launch.json", "round1"]  # nothing written

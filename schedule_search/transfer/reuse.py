@@ -1,0 +1,125 @@
+"""Runs of an earlier transfer reused by a new one (`transfer --reuse FOLDER`): a run the new
+plan asks for under the same name and the same config, and that ended in the earlier
+transfer, is copied into the round that plans it instead of being trained again.
+
+Why: a study launched again with one rule changed (constant + EMA's LR tuned, say) shares
+most of its runs with the one before, hours of training. The plan stays a function of
+finished results: a copy is a record like any run that ended in its round, read back when the
+round is replayed. Configs are compared whole after parsing (a field added since takes its
+default on both sides), `branch_from` included, so a branch or continuation is reused only
+off the very checkpoint file it started from, and every seed's replica only as itself. The
+trial folder appears whole (copied beside, then renamed), its events say where it came from,
+and its checkpoints come as hard links where the file system allows (else copies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedule_search.core.config import ConfigError, parse, to_dict
+from schedule_search.core.files import append_jsonl
+from schedule_search.core.states import KEPT
+from schedule_search.store.experiment import Experiment
+from schedule_search.train.config import TrainConfig
+
+__all__ = ["Donor", "copy_ended_runs", "read_donor"]
+
+
+@dataclass(frozen=True)
+class EndedRun:
+    """A run that ended in the earlier transfer: its config (as compared) and its folders."""
+
+    config: str
+    trial: Path
+    train: Path
+
+
+@dataclass(frozen=True)
+class Donor:
+    """The ended runs of an earlier transfer's folder, by name."""
+
+    folder: Path
+    runs: dict[str, EndedRun]
+
+
+def read_donor(folder: Path) -> Donor:
+    """The ended runs of the transfer folder `folder` (its `round<k>/trials/`)."""
+    if not folder.is_dir() or not any(folder.glob("round*/trials")):
+        raise ConfigError(
+            f"--reuse {folder}: expected the folder of an earlier transfer (round<k>/trials/)"
+        )
+    runs = {}
+    for trial in sorted(folder.glob("round*/trials/*")):
+        record, ending = _read(trial / "config.json"), _read(trial / "result.json")
+        if not record or not ending or ending.get("state") not in KEPT:
+            continue
+        try:
+            config = _compared(record["config"], str(trial / "config.json"))
+            name = record["params"]["run"]
+        except (ConfigError, KeyError, TypeError):
+            continue  # a record this version cannot read is never reused
+        train = trial.parent.parent / "train" / record.get("train_run", f"trial-{trial.name}")
+        runs[name] = EndedRun(config, trial, train)
+    return Donor(folder, runs)
+
+
+def copy_ended_runs(
+    phase: Experiment, pending: dict[str, dict[str, Any]], donor: Donor
+) -> list[str]:
+    """Copy into the round `phase` every run of `pending` that `donor` holds, ended, under the
+    same name and config; return their names (no longer to be trained)."""
+    copied = []
+    for name, config in pending.items():
+        ended = donor.runs.get(name)
+        if ended is None or ended.config != _compared(config, f"transfer run {name}"):
+            continue
+        target = phase.trial_dir(ended.trial.name)
+        if target.exists():  # a trial of this round under the same id: not ours to replace
+            continue
+        train = phase.train_dir / ended.train.name
+        if ended.train.is_dir() and not train.exists():
+            _place(ended.train, train, phase, copy_function=_link_or_copy)
+        _place(ended.trial, target, phase, reused_from=ended.trial)
+        copied.append(name)
+    return copied
+
+
+def _place(
+    source: Path,
+    target: Path,
+    phase: Experiment,
+    reused_from: Path | None = None,
+    copy_function: Any = shutil.copy2,
+) -> None:
+    """Copy `source` to `target` whole: beside the round's folders first (a copy a kill cut
+    short is made again, never read), then renamed into place."""
+    partial = phase.root / ".reusing" / target.name
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial, copy_function=copy_function)
+    if reused_from is not None:
+        append_jsonl(partial / "events.jsonl", {"event": "reused", "from": str(reused_from)})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial.rename(target)
+
+
+def _compared(config: dict[str, Any], where: str) -> str:
+    return json.dumps(to_dict(parse(TrainConfig, config, where)), sort_keys=True)
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
