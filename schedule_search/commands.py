@@ -298,7 +298,7 @@ def export(args: argparse.Namespace) -> int:
     output = args.output or experiment.root / "recipe.yaml"
     require_placeable(output, "--output")
     facts = read_facts(experiment.root)
-    best, spec = export_best(experiment, output, facts, args.max_slowdown, args.at)
+    best, spec = export_best(experiment, output, facts, args.max_slowdown, args.at, args.within)
     picked = f"val_loss {best.val_loss:.4f} at {best.chinchilla:g}x"
     if args.at is not None:
         forecast = spec.objective["forecast"]

@@ -39,9 +39,15 @@ def exported_trial(experiment: Experiment) -> tuple[str, float]:
 
 
 def _choose(
-    experiment: Experiment, facts: SweepFacts, max_slowdown: float | None, at: float | None
+    experiment: Experiment,
+    facts: SweepFacts,
+    max_slowdown: float | None,
+    at: float | None,
+    within: float | None = None,
 ) -> tuple[TrialRow, str, dict[str, Any]]:
     """The trial to export, the rule that chose it, and with `at` its forecast there."""
+    if within is not None and at is None:
+        raise ConfigError("--within: narrows the trials --at ranks by forecast; add --at H")
     if at is not None:
         if max_slowdown is not None:
             raise ConfigError("--at: picks by the forecast loss alone; drop --max-slowdown")
@@ -63,10 +69,20 @@ def _choose(
         return best, "lowest val_loss" + slower, {}
     from schedule_search.forecast.pick import forecast_trials
 
-    chosen = forecast_trials(experiment, finished, facts.horizon, at)[0]
+    near = [r for r in finished if within is None or r.val_loss <= best.val_loss + within]
+    try:
+        chosen = forecast_trials(experiment, near, facts.horizon, at)[0]
+    except ConfigError as error:
+        if within is None:
+            raise
+        raise ConfigError(f"--within {within:g} (trials near the best): {error}") from None
     forecast = {**asdict(chosen), "best_at_sweep_horizon": best.trial_id}
+    if within is not None:
+        forecast["within"] = within
     best = next(r for r in finished if r.trial_id == chosen.trial_id)
     rule = f"lowest forecast val_loss at {at:g}x, the trial's own curve continued"
+    if within is not None:
+        rule += f", among trials within {within:g} nats of the best at {facts.horizon:g}x"
     return best, rule, {"forecast": forecast}
 
 
@@ -76,12 +92,13 @@ def export_best(
     facts: SweepFacts,
     max_slowdown: float | None = None,
     at: float | None = None,
+    within: float | None = None,
 ) -> tuple[TrialRow, RecipeSpec]:
     """Write the best trial's config as a recipe file (atomically): the lowest loss at the
     sweep's horizon, or with `at`, the lowest own-curve forecast at that longer horizon
     (`forecast.pick`), the forecast written into the recipe's objective."""
     horizon = facts.horizon
-    best, rule, forecast = _choose(experiment, facts, max_slowdown, at)
+    best, rule, forecast = _choose(experiment, facts, max_slowdown, at, within)
     config = parse(
         TrainConfig, experiment.read_trial_json(best.trial_id, "config.json")["config"], "trial"
     )

@@ -347,9 +347,27 @@ def test_export_at_a_longer_horizon_picks_by_each_trials_own_curve(tmp_path, cap
     out = capsys.readouterr().out
     assert "trial t0001: forecast val_loss" in out and "best at 4x: trial t0002" in out, out
 
+    # --within: only the trials the sweep's horizon cannot tell from its best are ranked.
+    best = curves["t0002"].predict([4.0])[0]
+    behind = {t: curves[t].predict([4.0])[0] - best for t in ("t0000", "t0001")}
+    for within, picked in (
+        ((behind["t0000"] + behind["t0001"]) / 2, "t0000"),
+        (
+            behind["t0001"] + 1e-3,
+            "t0001",
+        ),
+    ):
+        assert main(["export", "at", *storage, "--at", "32", "--within", f"{within:.6f}"]) == 0
+        written = yaml.safe_load(recipe.read_text())
+        assert written["source"]["trial_id"] == picked, within
+        assert written["objective"]["forecast"]["within"] == pytest.approx(within, abs=1e-6)
+        assert f"within {within:.6f}".rstrip("0") in written["objective"]["rule"]
+
     for flags, message in [
         (["--at", "2"], "--at: expected horizons at or beyond the sweep's 4x, got 2"),
         (["--at", "32", "--max-slowdown", "2"], "--at: picks by the forecast loss alone"),
+        (["--within", "0.01"], "--within: narrows the trials --at ranks by forecast; add --at"),
+        (["--at", "32", "--within", "0"], "--within 0 (trials near the best): "),  # the cosine
     ]:
         recipe.unlink(missing_ok=True)
         assert main(["export", "at", *storage, *flags]) == 2
