@@ -293,8 +293,8 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NATS",
         help="with --at: only among trials at most NATS above the best loss at the sweep's "
-        "horizon, where the horizon cannot tell them apart (on the default task one config's "
-        "4x loss spans 0.012 over 3 seeds)",
+        "horizon (of any trial), those it cannot tell apart: say, one config's spread over "
+        "seeds (BENCHMARKS.md, 'What one seed can rank')",
     )
 
 

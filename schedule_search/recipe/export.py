@@ -72,10 +72,14 @@ def _choose(
     near = [r for r in finished if within is None or r.val_loss <= best.val_loss + within]
     try:
         chosen = forecast_trials(experiment, near, facts.horizon, at)[0]
-    except ConfigError as error:
+    except ConfigError:
         if within is None:
             raise
-        raise ConfigError(f"--within {within:g} (trials near the best): {error}") from None
+        raise ConfigError(
+            f"--within {within:g}: no horizon-free trial with a curve to continue is within "
+            f"{within:g} nats of the best at {facts.horizon:g}x (trial {best.trial_id}, "
+            f"{best.val_loss:.4f}); widen --within"
+        ) from None
     forecast = {**asdict(chosen), "best_at_sweep_horizon": best.trial_id}
     if within is not None:
         forecast["within"] = within

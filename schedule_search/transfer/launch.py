@@ -83,10 +83,28 @@ def plan_launch(
             f"{before.get('seeds', 1)} seed(s) is there; this "
             "one would change its runs. Move that folder aside to run another"
         )
-    reuse = reuse or (Path(before["reuse"]) if before.get("reuse") else None)
-    if reuse is not None:
-        reuse = reuse.resolve()
-        if reuse == launched.parent.resolve():
-            raise ConfigError(f"--reuse {reuse}: this transfer's own folder; move it aside first")
-        read_donor(reuse)  # a folder that is no transfer's is refused here
+    reuse = _donor_folder(reuse, before, launched, settings.workers)
     return TransferLaunch(settings, horizons, methods, launched.exists(), seeds, constant_lr, reuse)
+
+
+def _donor_folder(flag: Path | None, before: dict, launched: Path, workers: int) -> Path | None:
+    """The earlier transfer whose ended runs this one copies (`transfer.reuse`): the flag's, or
+    on resume the one it was launched with; refused where its copies could not stand for this
+    transfer's runs, or where the flag would change what a resumed round copies."""
+    recorded = Path(before["reuse"]) if before.get("reuse") else None
+    if before and flag is not None and flag.resolve() != recorded:
+        was = f"with --reuse {recorded}" if recorded else "without --reuse"
+        raise ConfigError(
+            f"--reuse {flag.resolve()}: {launched.parent} was launched {was}; a resumed round "
+            "copies what it copied. Move that folder aside to run another"
+        )
+    if flag is None and recorded is not None and not recorded.is_dir():
+        print(f"note: {recorded} (--reuse) is gone: no more runs are copied from it", flush=True)
+        return None
+    folder = flag.resolve() if flag is not None else recorded
+    if folder is None:
+        return None
+    if folder == launched.parent.resolve():
+        raise ConfigError(f"--reuse {folder}: this transfer's own folder; move it aside first")
+    read_donor(folder, workers, SHARED_HELD_OUT)  # refused here, in one line, or never
+    return folder

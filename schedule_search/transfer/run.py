@@ -203,7 +203,7 @@ def run_transfer(
             indent=1,
         ),
     )
-    donor = read_donor(reuse) if reuse else None
+    donor = read_donor(reuse, settings.workers, SHARED_HELD_OUT) if reuse else None
     with contextlib.ExitStack() as stack:
         # Ray starts where a round first has a run to train: a transfer whose runs are all
         # copied (`--reuse`) or all ended (its report written again) starts none.

@@ -367,7 +367,7 @@ def test_export_at_a_longer_horizon_picks_by_each_trials_own_curve(tmp_path, cap
         (["--at", "2"], "--at: expected horizons at or beyond the sweep's 4x, got 2"),
         (["--at", "32", "--max-slowdown", "2"], "--at: picks by the forecast loss alone"),
         (["--within", "0.01"], "--within: narrows the trials --at ranks by forecast; add --at"),
-        (["--at", "32", "--within", "0"], "--within 0 (trials near the best): "),  # the cosine
+        (["--at", "32", "--within", "0"], "--within 0: no horizon-free trial with a curve"),
     ]:
         recipe.unlink(missing_ok=True)
         assert main(["export", "at", *storage, *flags]) == 2

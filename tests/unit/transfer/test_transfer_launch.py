@@ -116,22 +116,28 @@ def test_horizons_short_of_the_sweeps_are_refused_in_one_line(tmp_path, capsys):
 
 
 def test_a_reuse_folder_that_is_no_earlier_transfer_is_refused_in_one_line(tmp_path, capsys):
+    """Refused before anything is written: a folder that is no transfer's, and a --reuse that
+    would change what a launched transfer's resumed rounds copy. A resumed transfer whose
+    recorded folder is gone goes on without copying (said once)."""
     sweep = one_trial_sweep(tmp_path / "runs" / "r", warmup=0.05)
     storage = str(tmp_path / "runs")
     own = sweep.root / "transfer"
+    transfer = ["transfer", "r", "--to", "8", "--storage", storage]
     for folder, why in (
         (tmp_path / "nowhere", "expected the folder of an earlier transfer"),
-        (own, "this transfer's own folder; move it aside first"),
+        (tmp_path / "elsewhere", f"{own} was launched without --reuse; a resumed round copies"),
     ):
-        if folder == own:  # a transfer launched here before
+        if why.startswith(str(own)):  # a transfer launched here before
             (own / "round1" / "trials").mkdir(parents=True)
             launched = {"horizons": [1.0, 8.0], "to": [8.0], "methods": list(METHODS)}
             launched["workers"] = sweep.settings().workers
             (own / "launch.json").write_text(json.dumps(launched))
         capsys.readouterr()
-        assert (
-            main(["transfer", "r", "--to", "8", "--reuse", str(folder), "--storage", storage]) == 2
-        )
+        assert main([*transfer, "--reuse", str(folder)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"--reuse {folder.resolve()}" in err and why in err, err
     assert sorted(p.name for p in own.iterdir()) == ["launch.json", "round1"]  # nothing written
+    launched["reuse"] = str(tmp_path / "gone")
+    (own / "launch.json").write_text(json.dumps(launched))
+    assert plan_launch(sweep, None, None, None, None).reuse is None
+    assert f"note: {tmp_path / 'gone'} (--reuse) is gone" in capsys.readouterr().out
