@@ -12,7 +12,10 @@ The runs are made with the product's own verbs; this script only reads their rec
                                                      # `branch_from: null`, as `--seeds` trains
 
 Usage: python bench/export_at.py --recipe SWEEP/recipe.yaml --at-pick M0 M1 M2 \\
-           --four-x-pick N0 N1 N2      (metrics.json files, seed 0 first; seconds)
+           --four-x-pick N0 N1 N2 [--out FILE]  (metrics.json files, seed 0 first; seconds)
+
+`export --at 32 --within 0.012` is measured the same way, its three seeds made at once by
+`schedule-search transfer SWEEP --methods recipe --to 8,16,32 --seeds 3` (export_within.json).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, required=True, help="the --at export")
     parser.add_argument("--at-pick", type=Path, nargs="+", required=True)
     parser.add_argument("--four-x-pick", type=Path, nargs="+", required=True)
+    parser.add_argument("--out", type=Path, default=OUT, help=f"default: {OUT.name}")
     args = parser.parse_args()
     recipe = yaml.safe_load(args.recipe.read_text())
     forecast = recipe["objective"]["forecast"]
@@ -71,8 +75,8 @@ def main() -> None:
         f"{forecast['loss']:.4f} [{forecast['low']:.4f}, {forecast['high']:.4f}]; seed 0 measured "
         f"{at_pick[0][forecast['horizon']]:.4f}"
     )
-    OUT.write_text(strict_json({"forecast": forecast, "horizons": rows}) + "\n")
-    print(f"written: {OUT}")
+    args.out.write_text(strict_json({"forecast": forecast, "horizons": rows}) + "\n")
+    print(f"written: {args.out}")
 
 
 if __name__ == "__main__":
