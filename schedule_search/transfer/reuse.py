@@ -61,7 +61,10 @@ class Donor:
 def read_donor(folder: Path, workers: int, held_out: str) -> Donor:
     """The ended runs of the transfer folder `folder` (its `round<k>/trials/`), refused where
     they could not stand for runs of a transfer on `workers` workers scored on `held_out`."""
-    launched = _read(folder / "launch.json")
+    try:
+        launched = json.loads((folder / "launch.json").read_text())
+    except (OSError, ValueError):
+        launched = None
     if not isinstance(launched, dict) or not any(folder.glob("round*/trials")):
         raise ConfigError(
             f"--reuse {folder}: expected the folder of an earlier transfer (launch.json, "
@@ -80,7 +83,9 @@ def read_donor(folder: Path, workers: int, held_out: str) -> Donor:
     runs: dict[str, EndedRun] = {}
     seen: dict[str, int] = {}
     for trial in folder.glob("round*/trials/*"):
-        record, ending = _read(trial / "config.json"), _read(trial / "result.json")
+        phase = Experiment(trial.parent.parent)
+        record = phase.read_trial_json(trial.name, "config.json")
+        ending = phase.read_trial_json(trial.name, "result.json")
         if not record or not ending or ending.get("state") not in KEPT:
             continue
         try:
@@ -146,13 +151,6 @@ def _place(
 
 def _compared(config: dict[str, Any], where: str) -> str:
     return json.dumps(to_dict(parse(TrainConfig, config, where)), sort_keys=True)
-
-
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _link_or_copy(source: str, target: str) -> None:
